@@ -1,0 +1,155 @@
+"""InfoNet: from the rank histogram of one window to a Donsker-Varadhan lookup table.
+
+Reads top to bottom: the input features, the attention blocks, the network, the
+DV read-out. Departures from the paper (see models/README.md for measurements):
+
+- The set of rank pairs enters as its linear-binned histogram on a G x G grid
+  (a count-weighted set of grid points), so the cost after one O(T) pass does
+  not grow with the window length T.
+- The histogram is split into p x p patches (tokens). Learned latents
+  cross-attend to the tokens, self-attend, and the tokens then query the latents
+  back (Perceiver IO), one output patch of the table per token. A small
+  convolution over the table (with the input features as a skip) replaces the
+  paper's fixed Gaussian smoothing.
+- The table is read out bilinearly at the samples (exact via the linear-binned
+  histogram) and the second DV term is taken exactly over the product of the
+  window's marginal histograms instead of over shuffled pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class InfoNetConfig:
+    grid: int = 32  # G: table nodes per axis
+    patch: int = 8  # p: nodes per token side; G must be a multiple of p
+    d_model: int = 64
+    n_latents: int = 16
+    n_heads: int = 4
+    n_self_layers: int = 3
+    ff_mult: int = 2
+    out_channels: int = 4  # channels per table node before the smoothing convolutions
+    min_window: int = 32  # shortest window (samples) the model was trained on
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def input_features(hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+    """Two per-node channels describing dependence, (B, G, G) -> (B, 2, G, G).
+
+    hist: linear-binned joint histogram summing to T; mx, my: (B, G) marginal
+    histograms summing to T. Expected counts under independence are T * qx qy.
+    """
+    n = hist.sum(dim=(1, 2)).clamp_min(1.0)  # (B,)
+    expected = (mx[:, :, None] * my[:, None, :]) / n[:, None, None]  # (B, G, G)
+    resid = (hist - expected) / torch.sqrt(expected + 1.0)  # Pearson residual, ~N(0,1) if independent
+    log_ratio = torch.log((hist + 0.5) / (expected + 0.5))
+    return torch.stack([torch.asinh(resid), log_ratio], dim=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        h = self.n_heads
+        q = self.q(x).view(b, n, h, d // h).transpose(1, 2)  # (B, h, N, d/h)
+        k, v = self.kv(ctx).view(b, ctx.shape[1], 2, h, d // h).permute(2, 0, 3, 1, 4)  # 2 x (B, h, M, d/h)
+        y = F.scaled_dot_product_attention(q, k, v)  # (B, h, N, d/h)
+        return self.out(y.transpose(1, 2).reshape(b, n, d))
+
+
+class Block(nn.Module):
+    """Pre-norm attention (self or cross) followed by a feed-forward layer."""
+
+    def __init__(self, d: int, n_heads: int, ff_mult: int, cross: bool) -> None:
+        super().__init__()
+        self.norm_x = nn.LayerNorm(d)
+        self.norm_ctx = nn.LayerNorm(d) if cross else None
+        self.attn = Attention(d, n_heads)
+        self.norm_ff = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, ff_mult * d), nn.GELU(), nn.Linear(ff_mult * d, d))
+
+    def forward(self, x: torch.Tensor, ctx: torch.Tensor | None = None) -> torch.Tensor:
+        xn = self.norm_x(x)
+        kv = xn if self.norm_ctx is None or ctx is None else self.norm_ctx(ctx)
+        x = x + self.attn(xn, kv)
+        return x + self.ff(self.norm_ff(x))
+
+
+class InfoNet(nn.Module):
+    def __init__(self, cfg: InfoNetConfig) -> None:
+        super().__init__()
+        if cfg.grid % cfg.patch:
+            raise ValueError(f"grid ({cfg.grid}) must be a multiple of patch ({cfg.patch})")
+        self.cfg = cfg
+        d, p = cfg.d_model, cfg.patch
+        self.n_side = cfg.grid // p
+        n_tokens = self.n_side**2
+        self.embed = nn.Linear(2 * p * p, d)
+        self.pos = nn.Parameter(torch.randn(n_tokens, d) * 0.02)
+        self.len_embed = nn.Sequential(nn.Linear(1, d), nn.GELU(), nn.Linear(d, d))
+        self.latents = nn.Parameter(torch.randn(cfg.n_latents, d) * 0.02)
+        self.encode = Block(d, cfg.n_heads, cfg.ff_mult, cross=True)
+        self.process = nn.ModuleList(Block(d, cfg.n_heads, cfg.ff_mult, cross=False) for _ in range(cfg.n_self_layers))
+        self.decode = Block(d, cfg.n_heads, cfg.ff_mult, cross=True)
+        self.norm_out = nn.LayerNorm(d)
+        self.head = nn.Linear(d, cfg.out_channels * p * p)
+        c = cfg.out_channels
+        self.smooth = nn.Sequential(
+            nn.Conv2d(c + 2, 2 * c, 3, padding=1),
+            nn.GELU(),
+            nn.Conv2d(2 * c, 1, 3, padding=1),
+        )
+
+    def forward(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+        """Histograms (B, G, G), marginals (B, G) -> lookup table theta (B, G, G)."""
+        cfg = self.cfg
+        b, g, p, s = hist.shape[0], cfg.grid, cfg.patch, self.n_side
+        feats = input_features(hist, mx, my)  # (B, 2, G, G)
+        tokens = feats.view(b, 2, s, p, s, p).permute(0, 2, 4, 1, 3, 5).reshape(b, s * s, 2 * p * p)
+        n = hist.sum(dim=(1, 2)).clamp_min(1.0)
+        length = self.len_embed(((torch.log(n) - math.log(1000.0)) / 2.0)[:, None])[:, None, :]  # (B, 1, d)
+        tokens = self.embed(tokens) + self.pos + length  # (B, S*S, d)
+        lat = self.encode(self.latents.expand(b, -1, -1) + length, tokens)  # (B, M, d)
+        for blk in self.process:
+            lat = blk(lat)
+        out = self.head(self.norm_out(self.decode(tokens, lat)))  # (B, S*S, C*p*p)
+        c = cfg.out_channels
+        table = out.view(b, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, g, g)
+        return self.smooth(torch.cat([table, feats], dim=1))[:, 0]  # (B, G, G)
+
+
+def log_mean_exp(theta: torch.Tensor, qx: torch.Tensor, qy: torch.Tensor) -> torch.Tensor:
+    """log sum_ij qx_i qy_j exp(theta_ij), for probability vectors qx, qy (B, G)."""
+    logq = torch.log(qx.clamp_min(1e-30))[:, :, None] + torch.log(qy.clamp_min(1e-30))[:, None, :]
+    return torch.logsumexp((theta + logq).flatten(1), dim=1)
+
+
+def dv_readout(theta: torch.Tensor, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+    """Donsker-Varadhan MI (paper Eq. 1) of a window from its own table: (B,) nats.
+
+    First term: mean of the bilinear table over the window's samples, exactly
+    sum(hist * theta) / T. Second term: exact expectation over the product of
+    the window's marginals (no shuffling).
+    """
+    n = hist.sum(dim=(1, 2)).clamp_min(1.0)
+    first = (hist * theta).sum(dim=(1, 2)) / n
+    return first - log_mean_exp(theta, mx / n[:, None], my / n[:, None])
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,91 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.errors import InputError
+
+from .naive import linear_binned_hist, midranks
+
+# Small integer-valued floats make ties frequent, as with quantised sensors.
+tied_rows = arrays(np.float64, st.integers(1, 60), elements=st.integers(-5, 5).map(float))
+any_rows = arrays(np.float64, st.integers(1, 60), elements=st.floats(-1e6, 1e6, allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(tied_rows, any_rows))
+def test_ranks_match_naive_reference(x):
+    """Mid-ranks of any finite series, ties included, equal the counting reference."""
+    np.testing.assert_allclose(rank_transform(x)[0], midranks(x), rtol=0, atol=1e-12)
+
+
+def test_batched_rows_are_ranked_independently():
+    """Each row of a (N, T) batch is ranked on its own."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 7, size=(5, 40)).astype(float)
+    u = rank_transform(x)
+    for r in range(5):
+        np.testing.assert_allclose(u[r], midranks(x[r]), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [np.exp, lambda v: v**3, lambda v: 3.0 * v - 7.0, np.arctan, lambda v: np.sign(v) * np.abs(v) ** 1.5],
+)
+def test_strictly_increasing_map_leaves_ranks_identical(transform):
+    """A strictly increasing map of x gives bit-identical copula values (the model input)."""
+    rng = np.random.default_rng(2)
+    x = np.round(rng.standard_normal(500), 1)  # rounding adds ties
+    u, v = rank_transform(x)[0], rank_transform(transform(x))[0]
+    assert np.array_equal(u, v)
+    h1 = pair_histograms(u[None], u[None], 16)
+    h2 = pair_histograms(v[None], v[None], 16)
+    assert np.array_equal(h1, h2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 80), st.integers(0, 2**32 - 1))
+def test_histogram_matches_naive_linear_binning(grid, t, seed):
+    """Joint and marginal histograms equal the one-sample-at-a-time reference and sum to T."""
+    rng = np.random.default_rng(seed)
+    u, v = rng.uniform(size=(1, t)), rng.uniform(size=(1, t))
+    u[0, 0], v[0, -1] = 0.0, 1.0  # both grid ends
+    h = pair_histograms(u, v, grid)[0]
+    np.testing.assert_allclose(h, linear_binned_hist(u[0], v[0], grid), atol=1e-4)
+    assert h.sum() == pytest.approx(t, rel=1e-5)
+    np.testing.assert_allclose(marginal_histograms(u, grid)[0], h.sum(axis=1), atol=1e-4)
+
+
+def test_pair_indices_select_rows():
+    """Index arrays pick which rows of u and v form each pair, so ranks are shared across pairs."""
+    rng = np.random.default_rng(3)
+    u = rng.uniform(size=(4, 50))
+    h = pair_histograms(u, u, 8, np.array([0, 2, 3]), np.array([1, 1, 0]))
+    np.testing.assert_allclose(h[1], linear_binned_hist(u[2], u[1], 8), atol=1e-4)
+    np.testing.assert_allclose(h[2], linear_binned_hist(u[3], u[0], 8), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("x", "match"),
+    [
+        ([[1.0, np.nan]], "NaN or inf"),
+        ([[1.0, np.inf]], "NaN or inf"),
+        (np.zeros((2, 2, 2)), "1-D"),
+        (np.zeros((1, 0)), "no samples"),
+        ([["a", "b"]], "numeric"),
+    ],
+)
+def test_rank_transform_rejects_bad_input(x, match):
+    """Bad input to the rank transform raises InputError naming the problem."""
+    with pytest.raises(InputError, match=match):
+        rank_transform(x)
+
+
+def test_histogram_rejects_values_outside_unit_interval():
+    """Histograms accept only copula values; raw data gets a pointer to rank_transform."""
+    with pytest.raises(InputError, match="rank_transform"):
+        pair_histograms(np.array([[0.5, 2.0]]), np.array([[0.5, 0.5]]), 8)
+    with pytest.raises(InputError, match="out of range"):
+        pair_histograms(np.full((1, 3), 0.5), np.full((1, 3), 0.5), 8, np.array([1]), np.array([0]))

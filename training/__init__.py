@@ -1,0 +1,1 @@
+"""Training and evaluation of the InfoNet estimator (outside the installed package)."""
