@@ -21,10 +21,22 @@ def environment() -> dict[str, Any]:
     import torch
 
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, check=False).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "streamcorr", "models"], capture_output=True,
-                                    text=True, cwd=Path(__file__).parent, check=False).stdout.strip())
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=False,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "streamcorr", "models"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                check=False,
+            ).stdout.strip()
+        )
     except OSError:
         sha, dirty = "unknown", False
     cpu = "unknown"
@@ -65,7 +77,9 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     env = data.get("env", {})
-    footer = (f"\n_git {env.get('git_sha')}, {env.get('cpu')} ({env.get('cores')} cores), torch {env.get('torch')} "
-              f"({env.get('torch_threads')} threads), numba {env.get('numba')}, {env.get('date')}_\n")
+    footer = (
+        f"\n_git {env.get('git_sha')}, {env.get('cpu')} ({env.get('cores')} cores), torch {env.get('torch')} "
+        f"({env.get('torch_threads')} threads), numba {env.get('numba')}, {env.get('date')}_\n"
+    )
     (RESULTS / f"{name}.md").write_text(markdown + footer)
     print(markdown + footer)

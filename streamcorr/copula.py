@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from .errors import InputError
 
-__all__ = ["rank_transform", "pair_histograms", "marginal_histograms"]
+__all__ = ["marginal_histograms", "pair_histograms", "rank_transform"]
 
 
 @njit(cache=True, parallel=True, nogil=True)

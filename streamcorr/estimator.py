@@ -20,9 +20,10 @@ from .errors import InputError
 from .model import InfoNet, dv_readout
 from .weights import load_model
 
-__all__ = ["Estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi", "default_estimator"]
+__all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"]
 
 NonFinite = Literal["raise", "drop"]
+Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -92,7 +93,7 @@ class Estimator:
             raise InputError(msg)
 
     # -- histograms -----------------------------------------------------------------
-    def _histograms(self, xa: np.ndarray, ya: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _histograms(self, xa: np.ndarray, ya: np.ndarray) -> Histograms:
         """Rank pair histograms of rows of (P, T) arrays; returns hist, mx, my, constant mask."""
         finite = np.isfinite(xa) & np.isfinite(ya)
         if not finite.all():
@@ -113,7 +114,7 @@ class Estimator:
         marg = marginal_histograms(u, self.grid)
         return hist, marg[:p], marg[p:], constant
 
-    def _histograms_dropping(self, xa: np.ndarray, ya: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _histograms_dropping(self, xa: np.ndarray, ya: np.ndarray, finite: np.ndarray) -> Histograms:
         p, g = xa.shape[0], self.grid
         hist = np.empty((p, g, g), np.float32)
         mx, my = np.empty((p, g), np.float32), np.empty((p, g), np.float32)
@@ -150,8 +151,11 @@ class Estimator:
         """MI (P,) from precomputed rank histograms (P, G, G) and marginals (P, G)."""
         if hist.ndim != 3 or hist.shape[1:] != (self.grid, self.grid):
             raise InputError(f"hist must have shape (P, {self.grid}, {self.grid}); got {hist.shape}")
-        mi = self._run(np.ascontiguousarray(hist, np.float32), np.ascontiguousarray(mx, np.float32),
-                       np.ascontiguousarray(my, np.float32))
+        mi = self._run(
+            np.ascontiguousarray(hist, np.float32),
+            np.ascontiguousarray(mx, np.float32),
+            np.ascontiguousarray(my, np.float32),
+        )
         return np.maximum(mi.astype(np.float64), 0.0)
 
     # -- public API --------------------------------------------------------------------

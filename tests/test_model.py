@@ -31,7 +31,9 @@ def test_dv_is_zero_for_constant_tables_and_shift_invariant():
     p = rng.uniform(size=(6, 6))
     p /= p.sum()
     hist, mx, my = _discrete(p)
-    assert dv_readout(torch.full((1, 6, 6), 3.7, dtype=torch.float64), hist, mx, my).item() == pytest.approx(0, abs=1e-12)
+    assert dv_readout(torch.full((1, 6, 6), 3.7, dtype=torch.float64), hist, mx, my).item() == pytest.approx(
+        0, abs=1e-12
+    )
     theta = torch.tensor(rng.standard_normal((1, 6, 6)))
     assert dv_readout(theta + 5.0, hist, mx, my).item() == pytest.approx(dv_readout(theta, hist, mx, my).item())
 

@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = yaml.safe_load(args.config.read_text())
     if args.steps:
         cfg["steps"] = args.steps
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu"))
+    device = torch.device(
+        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
+    )
     torch.set_num_threads(cfg["threads"])
     run = RUNS / cfg["name"]
     run.mkdir(parents=True, exist_ok=True)
@@ -134,7 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         wall = time.perf_counter() - t0
         mae = (est - batch["mi"]).abs().mean()
-        loss_w.writerow([step, f"{wall:.1f}", f"{lr:.3g}", f"{loss.item():.5f}", f"{dv.mean().item():.5f}", f"{mse.item():.6f}", f"{mae.item():.5f}"])
+        loss_w.writerow(
+            [
+                step,
+                f"{wall:.1f}",
+                f"{lr:.3g}",
+                f"{loss.item():.5f}",
+                f"{dv.mean().item():.5f}",
+                f"{mse.item():.6f}",
+                f"{mae.item():.5f}",
+            ]
+        )
         if step % 50 == 0:
             loss_f.flush()
         if step % cfg["eval_every"] == 0 or step == cfg["steps"]:
@@ -149,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             tmp = run / "checkpoint.tmp"
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
             tmp.replace(ckpt_path)
-            meta = {"config": mcfg.to_dict(), "step": step, "train_wall_s": round(wall, 1), "device": str(device), "run": cfg["name"]}
+            meta = {
+                "config": mcfg.to_dict(),
+                "step": step,
+                "train_wall_s": round(wall, 1),
+                "device": str(device),
+                "run": cfg["name"],
+            }
             save_weights(model, run / "model.safetensors", meta)
     for w in workers:
         w.terminate()
