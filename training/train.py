@@ -15,6 +15,8 @@ import csv
 import json
 import math
 import multiprocessing as mp
+import os
+import queue as queue_mod
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +40,15 @@ def _worker(seed: int, cfg: DataConfig, batch: int, queue: Any) -> None:
     torch.set_num_threads(1)
     numba.set_num_threads(1)  # one process per core; threads inside would only contend
     rng = np.random.default_rng(seed)
-    while True:
-        queue.put(make_batch(rng, cfg, batch))
+    parent = os.getppid()
+    while os.getppid() == parent:  # exit once the trainer is gone, even if it was killed
+        item = make_batch(rng, cfg, batch)
+        while os.getppid() == parent:
+            try:
+                queue.put(item, timeout=1.0)
+                break
+            except queue_mod.Full:
+                continue
 
 
 def fresh_dv(theta: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
