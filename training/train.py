@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
     ap.add_argument("--steps", type=int, default=None, help="override the config's total steps")
+    ap.add_argument("--runs-dir", type=Path, default=RUNS, help="where run folders go")
     args = ap.parse_args(argv)
     cfg = yaml.safe_load(args.config.read_text())
     if args.steps:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
     )
     torch.set_num_threads(cfg["threads"])
-    run = RUNS / cfg["name"]
+    run = args.runs_dir / cfg["name"]
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         step, wall = int(ckpt["step"]), float(ckpt["wall_s"])
         print(f"resumed {run} at step {step}", flush=True)
 
-    val = {k: torch.from_numpy(v).to(device) for k, v in validation_set(dcfg.grid).items()}
+    val = {k: torch.from_numpy(v).to(device) for k, v in validation_set(dcfg.grid, cfg.get("val_mixtures", 256)).items()}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=2 * cfg["workers"])
     workers = [

@@ -1,0 +1,56 @@
+import csv
+
+import numpy as np
+import pytest
+import yaml
+
+from streamcorr import Estimator
+from training.data import DataConfig, make_batch
+from training.mixtures import GaussianMixture, gaussian_mi, mc_mutual_information, random_mixture
+from training.train import main as train_main
+
+
+def test_monte_carlo_ground_truth_matches_gaussian_formula():
+    """For a single Gaussian the Monte-Carlo MI agrees with -0.5 log(1 - rho^2) within 4 standard errors."""
+    rng = np.random.default_rng(0)
+    for rho in (0.0, 0.5, -0.9):
+        gm = GaussianMixture(np.ones(1), np.zeros((1, 2)), np.array([[[1.0, rho], [rho, 1.0]]]))
+        mi, se = mc_mutual_information(gm, rng, n=100_000)
+        assert abs(mi - gaussian_mi(rho)) < 4 * se + 1e-9
+
+
+def test_generator_follows_the_paper_protocol():
+    """Weights sum to one, means lie in [-5, 5], covariances are D D^T + 0.01 I (positive definite)."""
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        gm = random_mixture(rng)
+        assert 1 <= gm.weights.shape[0] <= 20
+        assert gm.weights.sum() == pytest.approx(1.0)
+        assert np.abs(gm.means).max() <= 5.0
+        assert np.linalg.eigvalsh(gm.covs).min() >= 0.01 - 1e-9
+
+
+def test_batches_are_exact_histograms():
+    """Window histograms sum to T, fresh-sample histograms to 1, and MI targets are finite and >= ~0."""
+    b = make_batch(np.random.default_rng(2), DataConfig(grid=16, n_fresh=256), 6)
+    t = b["hist"].sum(axis=(1, 2))
+    assert np.allclose(b["mx"].sum(1), t) and np.allclose(b["my"].sum(1), t)
+    assert np.allclose(b["fresh"].sum(axis=(1, 2)), 1.0, atol=1e-5)
+    assert np.isfinite(b["mi"]).all() and (b["mi"] > -0.05).all()
+
+
+def test_training_runs_checkpoints_and_resumes(tmp_path):
+    """A tiny run trains, writes loss.csv and loadable safetensors weights, and resumes from its checkpoint."""
+    cfg = yaml.safe_load(open("training/configs/infonet-v1.yaml"))
+    cfg.update(name="tiny", steps=3, batch=4, workers=1, eval_every=3, checkpoint_every=3, warmup_steps=1, val_mixtures=4)
+    cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
+    cfg["data"].update(grid=16, max_window=256, n_fresh=128)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert train_main([str(path), "--runs-dir", str(tmp_path), "--device", "cpu"]) == 0
+    assert train_main([str(path), "--runs-dir", str(tmp_path), "--device", "cpu", "--steps", "5"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "tiny" / "loss.csv")))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
+    est = Estimator(tmp_path / "tiny" / "model.safetensors")
+    assert est.meta["step"] == 5 and est.grid == 16
+    assert np.isfinite(est.estimate(np.arange(100.0), np.arange(100.0) ** 2))
