@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+# Overridable so that smoke tests do not overwrite the committed results.
+RESULTS = Path(os.environ.get("STREAMCORR_BENCH_RESULTS", Path(__file__).parent / "results"))
 
 
 def environment() -> dict[str, Any]:

@@ -58,7 +58,7 @@ class Estimator:
         weights: str | Path | None = None,
         *,
         device: str = "cpu",
-        batch_size: int = 256,
+        batch_size: int = 32,
         threads: int | None = None,
         nonfinite: NonFinite = "raise",
     ) -> None:
