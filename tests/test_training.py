@@ -1,4 +1,5 @@
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,15 +42,17 @@ def test_batches_are_exact_histograms():
 
 def test_training_runs_checkpoints_and_resumes(tmp_path):
     """A tiny run trains, writes loss.csv and loadable safetensors weights, and resumes from its checkpoint."""
-    cfg = yaml.safe_load(open("training/configs/infonet-v1.yaml"))
-    cfg.update(name="tiny", steps=3, batch=4, workers=1, eval_every=3, checkpoint_every=3, warmup_steps=1, val_mixtures=4)
+    cfg = yaml.safe_load(Path("training/configs/infonet-v1.yaml").read_text())
+    cfg.update(name="tiny", steps=3, batch=4, workers=1, eval_every=3, checkpoint_every=3, warmup_steps=1)
+    cfg["val_mixtures"] = 4
     cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
     cfg["data"].update(grid=16, max_window=256, n_fresh=128)
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert train_main([str(path), "--runs-dir", str(tmp_path), "--device", "cpu"]) == 0
     assert train_main([str(path), "--runs-dir", str(tmp_path), "--device", "cpu", "--steps", "5"]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "tiny" / "loss.csv")))
+    with (tmp_path / "tiny" / "loss.csv").open() as f:
+        rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
     est = Estimator(tmp_path / "tiny" / "model.safetensors")
     assert est.meta["step"] == 5 and est.grid == 16

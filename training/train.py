@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         step, wall = int(ckpt["step"]), float(ckpt["wall_s"])
         print(f"resumed {run} at step {step}", flush=True)
 
-    val = {k: torch.from_numpy(v).to(device) for k, v in validation_set(dcfg.grid, cfg.get("val_mixtures", 256)).items()}
+    val_np = validation_set(dcfg.grid, cfg.get("val_mixtures", 256))
+    val = {k: torch.from_numpy(v).to(device) for k, v in val_np.items()}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue(maxsize=2 * cfg["workers"])
     workers = [
