@@ -40,6 +40,7 @@ def _worker(seed: int, cfg: DataConfig, batch: int, queue: Any) -> None:
     torch.set_num_threads(1)
     numba.set_num_threads(1)  # one process per core; threads inside would only contend
     rng = np.random.default_rng(seed)
+    queue.cancel_join_thread()  # on exit, do not wait to flush batches nobody will read
     parent = os.getppid()
     while os.getppid() == parent:  # exit once the trainer is gone, even if it was killed
         item = make_batch(rng, cfg, batch)
@@ -58,6 +59,16 @@ def fresh_dv(theta: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
     trap[0] = trap[-1] = 0.5  # linear binning of a uniform marginal puts half mass on the end nodes
     q = (trap / trap.sum()).expand(theta.shape[0], g)
     return (fresh * theta).sum(dim=(1, 2)) - log_mean_exp(theta, q, q)
+
+
+def _truncate_logs(run: Path, step: int) -> None:
+    """Drop log rows written after the checkpoint being resumed, so steps stay unique."""
+    for name in ("loss.csv", "eval.csv"):
+        path = run / name
+        if path.exists():
+            lines = path.read_text().splitlines(keepends=True)
+            keep = [ln for i, ln in enumerate(lines) if i == 0 or int(ln.split(",", 1)[0]) <= step]
+            path.write_text("".join(keep))
 
 
 def lr_at(step: int, cfg: dict[str, Any]) -> float:
@@ -110,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         step, wall = int(ckpt["step"]), float(ckpt["wall_s"])
+        _truncate_logs(run, step)
         print(f"resumed {run} at step {step}", flush=True)
 
     val_np = validation_set(dcfg.grid, cfg.get("val_mixtures", 256))
