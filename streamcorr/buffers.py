@@ -1,0 +1,135 @@
+"""Per-channel ring buffers and time alignment (synchronous, pure numpy).
+
+Policy for each channel's timestamps (nanoseconds, int64):
+- a sample whose timestamp is not later than the channel's newest accepted one
+  is dropped and counted: ``late`` if earlier, ``duplicate`` if equal;
+- a non-finite value (NaN, inf) is dropped and counted as ``nonfinite``;
+- when the buffer is full the oldest sample is overwritten (``overwritten``):
+  memory per channel is fixed at construction.
+
+Alignment onto a common clock (``Resampler``): at each tick the channel's value
+is its newest sample at or before the tick, if that sample is at most
+``max_staleness_ns`` old; otherwise the channel is invalid (NaN) at that tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InputError
+
+__all__ = ["ChannelCounters", "Resampler", "RingBuffer"]
+
+
+@dataclass
+class ChannelCounters:
+    accepted: int = 0
+    late: int = 0
+    duplicate: int = 0
+    nonfinite: int = 0
+    overwritten: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.late + self.duplicate + self.nonfinite
+
+
+@dataclass
+class RingBuffer:
+    """Fixed-capacity buffer of (t_ns, value) samples for one channel, in time order.
+
+    >>> buf = RingBuffer(capacity=3)
+    >>> buf.push_many(np.array([1, 2, 2, 5]), np.array([0.1, 0.2, 9.0, np.nan]))
+    2
+    >>> buf.times().tolist(), buf.counters.duplicate, buf.counters.nonfinite
+    ([1, 2], 1, 1)
+    """
+
+    capacity: int
+    counters: ChannelCounters = field(default_factory=ChannelCounters)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise InputError(f"capacity must be >= 1 sample; got {self.capacity}")
+        self._t = np.zeros(self.capacity, dtype=np.int64)
+        self._v = np.zeros(self.capacity, dtype=np.float64)
+        self._head = 0  # index of the next write
+        self._size = 0
+        self.last_t_ns: int | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, t_ns: int, value: float) -> bool:
+        """Append one sample; returns whether it was accepted (see the module policy)."""
+        if not np.isfinite(value):
+            self.counters.nonfinite += 1
+            return False
+        if self.last_t_ns is not None and t_ns <= self.last_t_ns:
+            if t_ns == self.last_t_ns:
+                self.counters.duplicate += 1
+            else:
+                self.counters.late += 1
+            return False
+        if self._size == self.capacity:
+            self.counters.overwritten += 1
+        else:
+            self._size += 1
+        self._t[self._head] = t_ns
+        self._v[self._head] = value
+        self._head = (self._head + 1) % self.capacity
+        self.last_t_ns = int(t_ns)
+        self.counters.accepted += 1
+        return True
+
+    def push_many(self, t_ns: np.ndarray, values: np.ndarray) -> int:
+        """Append samples in order; returns how many were accepted."""
+        t_ns = np.asarray(t_ns, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        if t_ns.shape != values.shape or t_ns.ndim != 1:
+            raise InputError(f"t_ns and values must be 1-D of equal length; got {t_ns.shape} and {values.shape}")
+        return sum(self.push(int(t), float(v)) for t, v in zip(t_ns, values, strict=True))
+
+    def _order(self) -> np.ndarray:
+        start = (self._head - self._size) % self.capacity
+        return (start + np.arange(self._size)) % self.capacity
+
+    def times(self) -> np.ndarray:
+        return self._t[self._order()]
+
+    def values(self) -> np.ndarray:
+        return self._v[self._order()]
+
+    def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int) -> np.ndarray:
+        """Value at each tick (ascending int64 ns): newest sample at or before it, NaN if none or too old."""
+        t, v = self.times(), self.values()
+        idx = np.searchsorted(t, ticks_ns, side="right") - 1
+        out = np.full(ticks_ns.shape, np.nan)
+        ok = idx >= 0
+        ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
+        out[ok] = v[idx[ok]]
+        return out
+
+
+class Resampler:
+    """Aligns independent channels onto a common clock of ``rate_hz`` by sample-and-hold."""
+
+    def __init__(self, rate_hz: float, max_staleness_s: float) -> None:
+        if not rate_hz > 0:
+            raise InputError(f"rate_hz must be > 0; got {rate_hz}")
+        if not max_staleness_s >= 0:
+            raise InputError(f"max_staleness_s must be >= 0; got {max_staleness_s}")
+        self.period_ns = round(1e9 / rate_hz)
+        self.max_staleness_ns = round(max_staleness_s * 1e9)
+
+    def ticks(self, end_ns: int, n: int) -> np.ndarray:
+        """The n clock ticks ending at the last tick at or before end_ns (ascending)."""
+        last = (end_ns // self.period_ns) * self.period_ns
+        return last - self.period_ns * np.arange(n - 1, -1, -1, dtype=np.int64)
+
+    def window(self, buffers: list[RingBuffer], end_ns: int, n: int) -> np.ndarray:
+        """(C, n) aligned values of each buffer over the n ticks ending at end_ns; NaN where invalid."""
+        ticks = self.ticks(end_ns, n)
+        return np.stack([b.sample_and_hold(ticks, self.max_staleness_ns) for b in buffers])

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamcorr.buffers import Resampler, RingBuffer
+from streamcorr.errors import InputError
+
+samples = st.lists(
+    st.tuples(st.integers(0, 50), st.one_of(st.floats(-1e3, 1e3), st.just(float("nan")), st.just(float("inf")))),
+    max_size=80,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20), samples)
+def test_ring_buffer_matches_list_reference(capacity, pushes):
+    """The buffer holds the newest `capacity` accepted samples; every push is accepted or counted once."""
+    buf = RingBuffer(capacity)
+    kept: list[tuple[int, float]] = []
+    for t, v in pushes:
+        ok = buf.push(t, v)
+        expect = np.isfinite(v) and (not kept or t > kept[-1][0])
+        assert ok == expect
+        if ok:
+            kept.append((t, v))
+    kept = kept[-capacity:]
+    assert buf.times().tolist() == [t for t, _ in kept]
+    assert buf.values().tolist() == [v for _, v in kept]
+    c = buf.counters
+    assert c.accepted + c.dropped == len(pushes)
+    assert c.overwritten == max(0, c.accepted - capacity)
+    assert len(buf) == len(kept)
+
+
+def test_late_and_duplicate_timestamps_are_counted_apart():
+    """Out-of-order samples count as late, repeated timestamps as duplicate; neither enters the buffer."""
+    buf = RingBuffer(8)
+    buf.push_many(np.array([10, 20, 15, 20, 30]), np.ones(5))
+    assert buf.times().tolist() == [10, 20, 30]
+    assert (buf.counters.late, buf.counters.duplicate) == (1, 1)
+
+
+def test_sample_and_hold_respects_staleness():
+    """A tick takes the newest sample at or before it, and is invalid (NaN) when that sample is too old."""
+    buf = RingBuffer(8)
+    buf.push_many(np.array([100, 200, 500]), np.array([1.0, 2.0, 5.0]))
+    out = buf.sample_and_hold(np.array([50, 100, 150, 250, 450, 500]), max_staleness_ns=100)
+    np.testing.assert_array_equal(out, [np.nan, 1.0, 1.0, 2.0, np.nan, 5.0])
+
+
+def test_resampler_aligns_channels_on_one_clock():
+    """Channels sampled at different times line up on the common ticks; a silent channel becomes NaN."""
+    rs = Resampler(rate_hz=10.0, max_staleness_s=0.15)
+    a, b, silent = RingBuffer(64), RingBuffer(64), RingBuffer(4)
+    for k in range(20):
+        a.push(k * 100_000_000 + 3_000_000, float(k))  # 100 ms period, 3 ms phase
+        b.push(k * 100_000_000 + 51_000_000, float(-k))  # 51 ms phase
+    w = rs.window([a, b, silent], end_ns=19 * 100_000_000 + 60_000_000, n=5)
+    assert w.shape == (3, 5)
+    np.testing.assert_array_equal(w[0], [14, 15, 16, 17, 18])  # the 3 ms-late sample of each tick misses it
+    np.testing.assert_array_equal(w[1], [-14, -15, -16, -17, -18])
+    assert np.isnan(w[2]).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"rate_hz": 0, "max_staleness_s": 1}, "rate_hz"), ({"rate_hz": 10, "max_staleness_s": -1}, "max_staleness_s")],
+)
+def test_resampler_rejects_bad_settings(kwargs, match):
+    """Impossible clock settings raise InputError naming the setting."""
+    with pytest.raises(InputError, match=match):
+        Resampler(**kwargs)
+
+
+def test_ring_buffer_rejects_bad_shapes():
+    """Mismatched sample arrays and a zero capacity raise InputError."""
+    with pytest.raises(InputError, match="capacity"):
+        RingBuffer(0)
+    with pytest.raises(InputError, match="equal length"):
+        RingBuffer(4).push_many(np.array([1, 2]), np.array([1.0]))
