@@ -99,3 +99,30 @@ def test_large_batches_split_across_threads_match_reference():
     x = rng.integers(0, 50, size=(64, 1500)).astype(float)
     expected = (rankdata(x, method="average", axis=1) - 0.5) / x.shape[1]
     np.testing.assert_allclose(rank_transform(x), expected, atol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.lists(st.integers(1, 50), min_size=1, max_size=12), st.integers(0, 2**32 - 1))
+def test_sliding_ranks_equal_full_reranking_on_every_hop(window_len, hops, seed):
+    """After every hop, incremental ranks equal rank_transform of the current window, ties included."""
+    from streamcorr.copula import SlidingRanks
+
+    rng = np.random.default_rng(seed)
+    sr = SlidingRanks(n_channels=3, window_len=window_len)
+    stream = np.empty((3, 0))
+    for h in hops:
+        new = rng.integers(0, 6, size=(3, h)).astype(float)  # few levels: many ties
+        stream = np.concatenate([stream, new], axis=1)
+        window = stream[:, -window_len:]
+        np.testing.assert_allclose(sr.update(new), rank_transform(window), atol=1e-12)
+
+
+def test_sliding_ranks_reject_nonfinite_and_wrong_shape():
+    """Sliding ranks need finite samples and one row per channel."""
+    from streamcorr.copula import SlidingRanks
+
+    sr = SlidingRanks(n_channels=2, window_len=8)
+    with pytest.raises(InputError, match="NaN or inf"):
+        sr.update(np.array([[1.0], [np.nan]]))
+    with pytest.raises(InputError, match="shape"):
+        sr.update(np.zeros((3, 1)))
