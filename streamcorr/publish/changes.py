@@ -1,0 +1,112 @@
+"""Change events on MI cells, with hysteresis calibrated on the estimator's null distribution.
+
+"Dependent" means: above the (1 - false_alarm_rate) quantile of the estimates the
+model gives on independent data at the configured window length, so a threshold
+is a false-alarm rate rather than a guess. A pair must stay on the new side for
+``persist`` consecutive evaluations before its state flips (became-dependent /
+became-independent); while dependent, moves larger than ``delta`` nats that
+persist the same way are reported as rise / fall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ..errors import ConfigError
+
+EventKind = Literal["rise", "fall", "became-dependent", "became-independent"]
+
+
+@dataclass(frozen=True)
+class ChangeEvent:
+    pair: tuple[str, str]
+    previous: float  # nats: the last reported level
+    current: float  # nats
+    t_ns: int
+    kind: EventKind
+
+
+@dataclass(frozen=True)
+class NullCalibration:
+    """Quantiles of MI estimates on independent windows of one length."""
+
+    window_len: int
+    dependent_above: float  # (1 - false_alarm_rate) quantile
+    independent_below: float  # median of the null: the hysteresis band's lower edge
+    null_std: float
+    false_alarm_rate: float
+
+    @classmethod
+    def measure(
+        cls,
+        estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        window_len: int,
+        false_alarm_rate: float = 0.01,
+        n_pairs: int = 2000,
+        seed: int = 0,
+    ) -> NullCalibration:
+        if not 0 < false_alarm_rate < 0.5:
+            raise ConfigError(f"false_alarm_rate must be in (0, 0.5); got {false_alarm_rate}")
+        rng = np.random.default_rng(seed)
+        null = estimate_batch(rng.standard_normal((n_pairs, window_len)), rng.standard_normal((n_pairs, window_len)))
+        return cls(window_len, float(np.quantile(null, 1 - false_alarm_rate)), float(np.quantile(null, 0.5)),
+                   float(null.std()), false_alarm_rate)  # fmt: skip
+
+
+class ChangeDetector:
+    """Per-pair hysteresis state machine; feed it each evaluation, collect the events it returns."""
+
+    def __init__(self, calibration: NullCalibration, delta: float | None = None, persist: int = 2) -> None:
+        if persist < 1:
+            raise ConfigError(f"persist must be >= 1 evaluation; got {persist}")
+        self.cal = calibration
+        # default: a move must clear both a practical floor and the null noise by a wide margin
+        self.delta = max(0.1, 6 * calibration.null_std) if delta is None else delta
+        if self.delta <= 0:
+            raise ConfigError(f"delta must be > 0 nats; got {self.delta}")
+        self.persist = persist
+        self._dependent: dict[tuple[str, str], bool] = {}
+        self._level: dict[tuple[str, str], float] = {}
+        self._streak: dict[tuple[str, str], tuple[str, int]] = {}
+
+    def _confirm(self, pair: tuple[str, str], candidate: str) -> bool:
+        kind, n = self._streak.get(pair, ("", 0))
+        n = n + 1 if kind == candidate else 1
+        self._streak[pair] = (candidate, n)
+        if n >= self.persist:
+            del self._streak[pair]
+            return True
+        return False
+
+    def update(self, pair: tuple[str, str], mi: float, t_ns: int) -> ChangeEvent | None:
+        if not np.isfinite(mi):
+            return None
+        dependent = self._dependent.get(pair)
+        if dependent is None:  # first evaluation sets the state silently
+            self._dependent[pair] = mi > self.cal.dependent_above
+            self._level[pair] = mi
+            return None
+        prev = self._level[pair]
+        candidate: EventKind | None = None
+        if not dependent and mi > self.cal.dependent_above:
+            candidate = "became-dependent"
+        elif dependent and mi < self.cal.independent_below:
+            candidate = "became-independent"
+        elif dependent and abs(mi - prev) > self.delta:
+            candidate = "rise" if mi > prev else "fall"
+        if candidate is None:
+            self._streak.pop(pair, None)
+            return None
+        if not self._confirm(pair, candidate):
+            return None
+        if candidate in ("became-dependent", "became-independent"):
+            self._dependent[pair] = candidate == "became-dependent"
+        self._level[pair] = mi
+        return ChangeEvent(pair, prev, mi, t_ns, candidate)
+
+    def is_dependent(self, pair: tuple[str, str]) -> bool | None:
+        return self._dependent.get(pair)

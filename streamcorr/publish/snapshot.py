@@ -1,0 +1,50 @@
+"""The live MI matrix: a mutable state updated per pair, and immutable snapshots of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One published view of the matrix. Matrices are (N, N), symmetric, NaN where never evaluated."""
+
+    seq: int
+    t_ns: int  # stream time of the snapshot (end of the newest window)
+    wall_ns: int  # wall-clock time it was made
+    channels: tuple[str, ...]
+    mi: np.ndarray  # nats
+    age_s: np.ndarray  # seconds since each cell was refreshed (inf: never)
+    coverage: np.ndarray  # fraction of the window where both channels were valid
+
+
+class MatrixState:
+    def __init__(self, channels: list[str]) -> None:
+        n = len(channels)
+        self.channels = list(channels)
+        self.mi = np.full((n, n), np.nan)
+        self.coverage = np.full((n, n), np.nan)
+        self.refreshed_ns = np.full((n, n), -1, dtype=np.int64)
+        self.seq = 0
+
+    def add_channel(self, name: str) -> None:
+        n = len(self.channels)
+        self.channels.append(name)
+        for attr, fill in (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1)):
+            old = getattr(self, attr)
+            new = np.full((n + 1, n + 1), fill, dtype=old.dtype)
+            new[:n, :n] = old
+            setattr(self, attr, new)
+
+    def update(self, i: np.ndarray, j: np.ndarray, mi: np.ndarray, coverage: np.ndarray, t_ns: int) -> None:
+        for a, b in ((i, j), (j, i)):
+            self.mi[a, b] = mi
+            self.coverage[a, b] = coverage
+            self.refreshed_ns[a, b] = t_ns
+
+    def snapshot(self, t_ns: int, wall_ns: int) -> Snapshot:
+        self.seq += 1
+        age = np.where(self.refreshed_ns < 0, np.inf, (t_ns - self.refreshed_ns) / 1e9)
+        return Snapshot(self.seq, t_ns, wall_ns, tuple(self.channels), self.mi.copy(), age, self.coverage.copy())

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+
+from streamcorr.errors import ConfigError
+from streamcorr.publish import ChangeDetector, MatrixState, NullCalibration
+from streamcorr.scheduler import PairSelection, Scheduler
+
+CH = ["a", "b", "c", "d"]
+
+
+def test_pair_selection_modes():
+    """All pairs, explicit pairs and groups x groups resolve to sorted unique index pairs."""
+    assert PairSelection().resolve(CH).tolist() == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
+    assert PairSelection(all=False, pairs=(("d", "a"), ("a", "d"), ("b", "c"))).resolve(CH).tolist() == [[0, 3], [1, 2]]
+    cross = PairSelection(all=False, groups=("a", "b"), groups_with=("c", "d")).resolve(CH)
+    assert cross.tolist() == [[0, 2], [0, 3], [1, 2], [1, 3]]
+    with pytest.raises(ConfigError, match="unknown channel 'z'"):
+        PairSelection(all=False, pairs=(("a", "z"),)).resolve(CH)
+
+
+def test_scheduler_refreshes_stalest_first_under_a_budget():
+    """With room for 2 of 6 pairs per hop, every pair is refreshed within 3 hops and ages stay bounded."""
+    sched = Scheduler(PairSelection().resolve(CH), max_pairs_per_hop=2)
+    seen = []
+    for hop in range(1, 10):
+        idx = sched.next_pairs()
+        assert len(idx) == 2
+        seen.append(set(idx.tolist()))
+        sched.mark_refreshed(idx, hop * 1_000_000_000)
+        if hop >= 3:
+            assert sched.ages_s(hop * 1_000_000_000).max() <= 2.0
+    assert set().union(*seen[:3]) == set(range(6))
+
+
+def _cal() -> NullCalibration:
+    return NullCalibration(window_len=512, dependent_above=0.05, independent_below=0.01, null_std=0.01,
+                           false_alarm_rate=0.01)  # fmt: skip
+
+
+def test_change_detector_hysteresis_and_persistence():
+    """State flips only after `persist` evaluations beyond the band; a one-off spike raises nothing."""
+    det = ChangeDetector(_cal(), delta=0.2, persist=2)
+    pair = ("a", "b")
+    seq = [0.0, 0.2, 0.0, 0.3, 0.4, 0.03, 0.65, 0.7, 0.005, 0.004]  # 0.2 at t=1 and 0.03 at t=5 are one-offs
+    events = [det.update(pair, v, t) for t, v in enumerate(seq)]
+    kinds = [(t, e.kind) for t, e in enumerate(events) if e is not None]
+    assert kinds == [(4, "became-dependent"), (7, "rise"), (9, "became-independent")]
+    assert events[7].previous == 0.4 and events[7].current == 0.7
+
+
+def test_null_calibration_from_estimator():
+    """Calibration measures the estimator's null quantiles at the window length: ordered and small."""
+    from streamcorr import estimate_mi_batch
+
+    cal = NullCalibration.measure(estimate_mi_batch, window_len=256, false_alarm_rate=0.01, n_pairs=400)
+    assert 0 <= cal.independent_below <= cal.dependent_above < 0.2
+
+
+def test_matrix_state_snapshot_is_symmetric_and_tracks_age():
+    """Updates fill both triangles; the snapshot reports age since refresh and grows with new channels."""
+    st = MatrixState(["a", "b", "c"])
+    st.update(np.array([0]), np.array([2]), np.array([0.5]), np.array([1.0]), t_ns=1_000_000_000)
+    snap = st.snapshot(t_ns=3_000_000_000, wall_ns=0)
+    assert snap.mi[0, 2] == snap.mi[2, 0] == 0.5
+    assert snap.age_s[0, 2] == 2.0 and np.isinf(snap.age_s[0, 1])
+    st.add_channel("d")
+    assert st.snapshot(3_000_000_000, 0).mi.shape == (4, 4) and st.seq == 2
