@@ -1,0 +1,319 @@
+"""The in-process engine: push samples, get a live MI matrix and change events.
+
+Data flow per hop (synchronous, in a worker thread): ring buffers -> aligned
+window on the common clock -> ranks once per channel (incremental when the
+channel's new samples are all valid) -> scheduler picks pairs -> histograms ->
+InfoNet batch -> matrix state -> change detector -> snapshot and events, which
+async subscribers read from bounded queues (oldest dropped, drops counted).
+
+Stream time is the newest timestamp pushed, so simulated and replayed data run
+as fast as they arrive. A hop is evaluated once stream time passes its end plus
+``max_staleness_s``, so late-but-allowed samples are in before the window closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .buffers import Resampler, RingBuffer
+from .copula import SlidingRanks, marginal_histograms, pair_histograms
+from .errors import ConfigError, InputError
+from .estimator import Estimator
+from .publish import ChangeDetector, ChangeEvent, MatrixState, NullCalibration, Snapshot
+from .scheduler import PairSelection, Scheduler
+
+log = logging.getLogger("streamcorr.engine")
+
+__all__ = ["Engine", "EngineConfig"]
+
+
+@dataclass
+class EngineConfig:
+    channels: list[str] = field(default_factory=list)  # known up front; others are added on first push
+    rate_hz: float = 100.0  # common clock
+    window_len: int = 1024  # samples of the common clock
+    hop_samples: int = 100  # window advance between evaluations
+    max_staleness_s: float = 0.05  # sample-and-hold limit; also how long a window waits for stragglers
+    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + 2 hops, x2 for jitter)
+    pairs: PairSelection = field(default_factory=PairSelection)
+    max_pairs_per_hop: int | None = None  # None: every selected pair each hop
+    min_coverage: float = 0.9  # pairs valid over less of the window are not evaluated
+    false_alarm_rate: float = 0.01
+    persist: int = 2
+    delta: float | None = None
+    auto_add_channels: bool = True
+    queue_size: int = 64  # per subscriber
+    estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
+
+    def __post_init__(self) -> None:
+        if self.window_len < 32:
+            raise ConfigError(f"window_len must be >= 32 samples (the model's minimum); got {self.window_len}")
+        if self.hop_samples < 1:
+            raise ConfigError(f"hop_samples must be >= 1; got {self.hop_samples}")
+        if not 0 < self.min_coverage <= 1:
+            raise ConfigError(f"min_coverage must be in (0, 1]; got {self.min_coverage}")
+        if len(set(self.channels)) != len(self.channels):
+            raise ConfigError("channels contains duplicate names")
+
+
+@dataclass
+class EngineCounters:
+    hops: int = 0
+    hops_skipped: int = 0  # hops superseded because compute was still busy
+    pairs_evaluated: int = 0
+    pairs_low_coverage: int = 0
+    unknown_channel: int = 0
+    bad_sample: int = 0  # non-numeric or mismatched input to push
+    snapshots_dropped: int = 0
+    events_dropped: int = 0
+
+
+class _Channel:
+    def __init__(self, name: str, capacity: int, window_len: int) -> None:
+        self.name = name
+        self.buffer = RingBuffer(capacity)
+        self.ranks = SlidingRanks(1, window_len)
+        self.ranks_end_tick: int | None = None  # window end tick the sliding state is at
+
+
+class Engine:
+    """Live MI matrix over pushed channels.
+
+    >>> import asyncio
+    >>> async def main():
+    ...     eng = Engine(EngineConfig(channels=["a", "b"], window_len=64, hop_samples=32, rate_hz=10))
+    ...     async with eng:
+    ...         rng = np.random.default_rng(0)
+    ...         for k in range(200):
+    ...             x = rng.standard_normal()
+    ...             eng.push_frame(k / 10, {"a": x, "b": x + 0.1 * rng.standard_normal()})
+    ...         snap = await anext(eng.snapshots(timeout_s=30))
+    ...     return bool(snap.mi[0, 1] > 0.5)
+    >>> asyncio.run(main())
+    True
+    """
+
+    def __init__(self, config: EngineConfig, estimator: Estimator | None = None) -> None:
+        self.cfg = config
+        self.est = estimator or Estimator(**dict(config.estimator))
+        self.resampler = Resampler(config.rate_hz, config.max_staleness_s)
+        self.capacity = config.buffer_len or 2 * (config.window_len + 2 * config.hop_samples)
+        self._channels: dict[str, _Channel] = {}
+        self.state = MatrixState([])
+        self.counters = EngineCounters()
+        self.calibration = NullCalibration.measure(self.est.estimate_batch, config.window_len, config.false_alarm_rate)
+        self.detector = ChangeDetector(self.calibration, config.delta, config.persist)
+        self._pairs = np.zeros((0, 2), dtype=np.int64)
+        self._scheduler = Scheduler(self._pairs, config.max_pairs_per_hop or 1)
+        for name in config.channels:
+            self._add_channel(name)
+        self._stream_ns: int | None = None
+        self._next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._snap_queues: list[asyncio.Queue[Snapshot]] = []
+        self._event_queues: list[asyncio.Queue[ChangeEvent]] = []
+        self.latest: Snapshot | None = None
+
+    # -- channels ---------------------------------------------------------------------------------
+    @property
+    def channels(self) -> list[str]:
+        return list(self._channels)
+
+    def _add_channel(self, name: str) -> None:
+        self._channels[name] = _Channel(name, self.capacity, self.cfg.window_len)
+        self.state.add_channel(name)
+        old = {tuple(p): t for p, t in zip(self._pairs.tolist(), self._scheduler.last_refresh_ns, strict=True)}
+        self._pairs = self.cfg.pairs.resolve(list(self._channels)) if len(self._channels) > 1 else self._pairs
+        budget = self.cfg.max_pairs_per_hop or max(1, len(self._pairs))
+        self._scheduler = Scheduler(self._pairs, budget)
+        for k, p in enumerate(self._pairs.tolist()):
+            self._scheduler.last_refresh_ns[k] = old.get(tuple(p), -1)
+
+    def _channel(self, name: str) -> _Channel | None:
+        ch = self._channels.get(name)
+        if ch is None:
+            if not self.cfg.auto_add_channels:
+                self.counters.unknown_channel += 1
+                return None
+            log.info("new channel %r", name)
+            self._add_channel(name)
+            ch = self._channels[name]
+        return ch
+
+    # -- ingest -------------------------------------------------------------------------------------
+    def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples (t in seconds) to one channel; returns how many were accepted."""
+        try:
+            t_ns = np.round(np.atleast_1d(np.asarray(t, dtype=np.float64)) * 1e9).astype(np.int64)
+            vals = np.atleast_1d(np.asarray(values, dtype=np.float64))
+            if t_ns.shape != vals.shape or t_ns.ndim != 1:
+                raise InputError(f"t and values must have the same 1-D shape; got {t_ns.shape} and {vals.shape}")
+        except (TypeError, ValueError) as exc:
+            self.counters.bad_sample += int(np.size(values)) or 1
+            log.debug("bad sample for %r: %s", channel, exc)
+            return 0
+        ch = self._channel(channel)
+        if ch is None:
+            return 0
+        accepted = ch.buffer.push_many(t_ns, vals)
+        if accepted:
+            self._advance(int(ch.buffer.last_t_ns or 0))
+        return accepted
+
+    def push_frame(self, t: float, frame: Mapping[str, float]) -> int:
+        """Append one sample per channel, all taken at time t (seconds)."""
+        return sum(self.push(name, t, value) for name, value in frame.items())
+
+    def _advance(self, t_ns: int) -> None:
+        if self._stream_ns is None or t_ns > self._stream_ns:
+            self._stream_ns = t_ns
+        period = self.resampler.period_ns
+        if self._next_end_tick is None:  # first window ends one full window after the first sample
+            first = (t_ns // period) * period
+            self._next_end_tick = first + (self.cfg.window_len - 1) * period
+        if self._stream_ns >= self._next_end_tick + self.resampler.max_staleness_ns:
+            self._wake.set()
+
+    # -- evaluation (worker thread) -----------------------------------------------------------------
+    def _ranks(self, ch: _Channel, values: np.ndarray, end_tick: int) -> np.ndarray | None:
+        """Copula values of a fully valid window, incrementally when the previous window was contiguous."""
+        period, n = self.resampler.period_ns, self.cfg.window_len
+        if not np.isfinite(values).all():
+            ch.ranks_end_tick = None
+            return None
+        if ch.ranks_end_tick is not None and 0 < (end_tick - ch.ranks_end_tick) // period < n:
+            h = (end_tick - ch.ranks_end_tick) // period
+            u = ch.ranks.update(values[None, -h:])[0]
+        else:
+            ch.ranks = SlidingRanks(1, n)
+            u = ch.ranks.update(values[None, :])[0]
+        ch.ranks_end_tick = end_tick
+        return u
+
+    def evaluate(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
+        """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
+        chans = list(self._channels.values())
+        window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
+        valid = np.isfinite(window)
+        ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
+        pick = self._scheduler.next_pairs()
+        pairs = self._pairs[pick]
+        i, j = pairs[:, 0], pairs[:, 1]
+        coverage = (valid[i] & valid[j]).mean(axis=1)
+        ok = coverage >= self.cfg.min_coverage
+        self.counters.pairs_low_coverage += int((~ok).sum())
+        mi = np.full(len(pairs), np.nan)
+        full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & ok
+        if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
+            u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
+            g = self.est.grid
+            hist = pair_histograms(u, u, g, i[full], j[full])
+            marg = marginal_histograms(u, g)
+            mi[full] = self.est.estimate_histograms(hist, marg[i[full]], marg[j[full]])
+        partial = ok & ~full
+        for k in np.flatnonzero(partial):  # gaps: rank each pair over its jointly valid instants
+            both = valid[i[k]] & valid[j[k]]
+            mi[k] = self.est.estimate_batch(window[i[k], both][None], window[j[k], both][None])[0]
+        done = ok
+        self._scheduler.mark_refreshed(pick[done], end_tick)
+        self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
+        self.counters.pairs_evaluated += int(done.sum())
+        self.counters.hops += 1
+        names = self.channels
+        events = []
+        for a, b, m in zip(i[done], j[done], mi[done], strict=True):
+            ev = self.detector.update((names[a], names[b]), float(m), end_tick)
+            if ev is not None:
+                events.append(ev)
+        snap = self.state.snapshot(end_tick, time.time_ns())
+        return snap, events
+
+    # -- async wiring --------------------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="streamcorr-engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _due_end_tick(self) -> int | None:
+        if self._next_end_tick is None or self._stream_ns is None:
+            return None
+        period = self.resampler.period_ns
+        hop_ns = self.cfg.hop_samples * period
+        ready = self._stream_ns - self.resampler.max_staleness_ns
+        if ready < self._next_end_tick:
+            return None
+        behind = (ready - self._next_end_tick) // hop_ns  # hops we cannot catch up on: skip to the newest
+        self.counters.hops_skipped += int(behind)
+        end = self._next_end_tick + behind * hop_ns
+        self._next_end_tick = end + hop_ns
+        return int(end)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while (end := self._due_end_tick()) is not None:
+                try:
+                    snap, events = await loop.run_in_executor(None, self.evaluate, end)
+                except Exception:  # a failed hop must not kill the engine
+                    log.exception("evaluation of the window ending at %d ns failed", end)
+                    continue
+                self.latest = snap
+                for q in self._snap_queues:
+                    self._offer(q, snap, "snapshots_dropped")
+                for ev in events:
+                    for eq in self._event_queues:
+                        self._offer(eq, ev, "events_dropped")
+
+    def _offer(self, q: asyncio.Queue[Any], item: Any, counter: str) -> None:
+        if q.full():
+            q.get_nowait()  # drop the oldest: subscribers want the newest state
+            setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+        q.put_nowait(item)
+
+    async def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
+        """Every new snapshot, from now on; ends after timeout_s without one."""
+        q: asyncio.Queue[Snapshot] = asyncio.Queue(self.cfg.queue_size)
+        self._snap_queues.append(q)
+        try:
+            while True:
+                yield await asyncio.wait_for(q.get(), timeout_s)
+        except TimeoutError:
+            return
+        finally:
+            self._snap_queues.remove(q)
+
+    async def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
+        """Every change event, from now on; ends after timeout_s without one."""
+        q: asyncio.Queue[ChangeEvent] = asyncio.Queue(self.cfg.queue_size)
+        self._event_queues.append(q)
+        try:
+            while True:
+                yield await asyncio.wait_for(q.get(), timeout_s)
+        except TimeoutError:
+            return
+        finally:
+            self._event_queues.remove(q)
