@@ -46,10 +46,12 @@ class EngineConfig:
     pairs: PairSelection = field(default_factory=PairSelection)
     max_pairs_per_hop: int | None = None  # None: every selected pair each hop
     min_coverage: float = 0.9  # pairs valid over less of the window are not evaluated
-    false_alarm_rate: float = 0.01
+    false_alarm_rate: float = 1e-3  # per pair and evaluation, from the estimator's null at window_len
+    min_effect: float = 0.1  # nats: weaker dependence is not reported as "dependent"
     persist: int = 2
     delta: float | None = None
     auto_add_channels: bool = True
+    skip_stale_hops: bool = True  # live: jump to the newest window when behind; replay: set False
     queue_size: int = 64  # per subscriber
     estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
 
@@ -74,6 +76,17 @@ class EngineCounters:
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
+
+
+_CALIBRATIONS: dict[tuple[int, int, float, float], NullCalibration] = {}
+
+
+def _calibration(est: Estimator, window_len: int, rate: float, min_effect: float) -> NullCalibration:
+    """Null calibration, measured once per estimator and setting in a process (it costs thousands of windows)."""
+    key = (id(est.model), window_len, rate, min_effect)
+    if key not in _CALIBRATIONS:
+        _CALIBRATIONS[key] = NullCalibration.measure(est.estimate_batch, window_len, rate, min_effect)
+    return _CALIBRATIONS[key]
 
 
 class _Channel:
@@ -109,7 +122,7 @@ class Engine:
         self._channels: dict[str, _Channel] = {}
         self.state = MatrixState([])
         self.counters = EngineCounters()
-        self.calibration = NullCalibration.measure(self.est.estimate_batch, config.window_len, config.false_alarm_rate)
+        self.calibration = _calibration(self.est, config.window_len, config.false_alarm_rate, config.min_effect)
         self.detector = ChangeDetector(self.calibration, config.delta, config.persist)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._scheduler = Scheduler(self._pairs, config.max_pairs_per_hop or 1)
@@ -118,6 +131,7 @@ class Engine:
         self._stream_ns: int | None = None
         self._next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
         self._wake = asyncio.Event()
+        self._busy = False
         self._task: asyncio.Task[None] | None = None
         self._snap_queues: list[asyncio.Queue[Snapshot]] = []
         self._event_queues: list[asyncio.Queue[ChangeEvent]] = []
@@ -264,7 +278,7 @@ class Engine:
         ready = self._stream_ns - self.resampler.max_staleness_ns
         if ready < self._next_end_tick:
             return None
-        behind = (ready - self._next_end_tick) // hop_ns  # hops we cannot catch up on: skip to the newest
+        behind = (ready - self._next_end_tick) // hop_ns if self.cfg.skip_stale_hops else 0
         self.counters.hops_skipped += int(behind)
         end = self._next_end_tick + behind * hop_ns
         self._next_end_tick = end + hop_ns
@@ -276,17 +290,30 @@ class Engine:
             await self._wake.wait()
             self._wake.clear()
             while (end := self._due_end_tick()) is not None:
+                self._busy = True
                 try:
                     snap, events = await loop.run_in_executor(None, self.evaluate, end)
                 except Exception:  # a failed hop must not kill the engine
                     log.exception("evaluation of the window ending at %d ns failed", end)
                     continue
+                finally:
+                    self._busy = False
                 self.latest = snap
                 for q in self._snap_queues:
                     self._offer(q, snap, "snapshots_dropped")
                 for ev in events:
                     for eq in self._event_queues:
                         self._offer(eq, ev, "events_dropped")
+
+    async def flush(self, poll_s: float = 0.002) -> None:
+        """Wait until every window that is due has been evaluated and published (replay, tests)."""
+        while self._busy or self._wake.is_set() or self._has_due():
+            await asyncio.sleep(poll_s)
+
+    def _has_due(self) -> bool:
+        if self._next_end_tick is None or self._stream_ns is None:
+            return False
+        return self._stream_ns - self.resampler.max_staleness_ns >= self._next_end_tick
 
     def _offer(self, q: asyncio.Queue[Any], item: Any, counter: str) -> None:
         if q.full():

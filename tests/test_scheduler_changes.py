@@ -52,8 +52,9 @@ def test_null_calibration_from_estimator():
     """Calibration measures the estimator's null quantiles at the window length: ordered and small."""
     from streamcorr import estimate_mi_batch
 
-    cal = NullCalibration.measure(estimate_mi_batch, window_len=256, false_alarm_rate=0.01, n_pairs=400)
+    cal = NullCalibration.measure(estimate_mi_batch, window_len=256, false_alarm_rate=0.01, min_effect=0.0)
     assert 0 <= cal.independent_below <= cal.dependent_above < 0.2
+    assert NullCalibration.measure(estimate_mi_batch, 256, 0.01, min_effect=0.5).dependent_above == 0.5
 
 
 def test_matrix_state_snapshot_is_symmetric_and_tracks_age():

@@ -1,11 +1,13 @@
 """Change events on MI cells, with hysteresis calibrated on the estimator's null distribution.
 
 "Dependent" means: above the (1 - false_alarm_rate) quantile of the estimates the
-model gives on independent data at the configured window length, so a threshold
-is a false-alarm rate rather than a guess. A pair must stay on the new side for
-``persist`` consecutive evaluations before its state flips (became-dependent /
-became-independent); while dependent, moves larger than ``delta`` nats that
-persist the same way are reported as rise / fall.
+model gives on independent data at the configured window length (and above
+``min_effect`` nats, so that long windows do not flag negligible dependence), so
+a threshold is a false-alarm rate per evaluation rather than a guess. A
+dependent pair becomes independent again below the null's 90th percentile (the
+hysteresis band). A pair must stay on the new side for ``persist`` consecutive
+evaluations before its state flips; while dependent, moves larger than
+``delta`` nats that persist the same way are reported as rise / fall.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ class ChangeEvent:
 
 @dataclass(frozen=True)
 class NullCalibration:
-    """Quantiles of MI estimates on independent windows of one length."""
+    """Thresholds from MI estimates on independent windows of one length."""
 
     window_len: int
-    dependent_above: float  # (1 - false_alarm_rate) quantile
-    independent_below: float  # median of the null: the hysteresis band's lower edge
+    dependent_above: float  # max((1 - false_alarm_rate) quantile, min_effect)
+    independent_below: float  # 90th percentile of the null: the hysteresis band's lower edge
     null_std: float
     false_alarm_rate: float
 
@@ -45,16 +47,18 @@ class NullCalibration:
         cls,
         estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
         window_len: int,
-        false_alarm_rate: float = 0.01,
-        n_pairs: int = 2000,
+        false_alarm_rate: float = 1e-3,
+        min_effect: float = 0.1,
+        n_pairs: int | None = None,
         seed: int = 0,
     ) -> NullCalibration:
-        if not 0 < false_alarm_rate < 0.5:
-            raise ConfigError(f"false_alarm_rate must be in (0, 0.5); got {false_alarm_rate}")
+        if not 0 < false_alarm_rate < 0.1:
+            raise ConfigError(f"false_alarm_rate must be in (0, 0.1); got {false_alarm_rate}")
+        n = n_pairs or int(min(20_000, max(2_000, 10 / false_alarm_rate)))  # ~10 null samples beyond the quantile
         rng = np.random.default_rng(seed)
-        null = estimate_batch(rng.standard_normal((n_pairs, window_len)), rng.standard_normal((n_pairs, window_len)))
-        return cls(window_len, float(np.quantile(null, 1 - false_alarm_rate)), float(np.quantile(null, 0.5)),
-                   float(null.std()), false_alarm_rate)  # fmt: skip
+        null = estimate_batch(rng.standard_normal((n, window_len)), rng.standard_normal((n, window_len)))
+        upper = max(float(np.quantile(null, 1 - false_alarm_rate)), min_effect)
+        return cls(window_len, upper, float(np.quantile(null, 0.9)), float(null.std()), false_alarm_rate)
 
 
 class ChangeDetector:

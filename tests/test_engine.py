@@ -1,0 +1,123 @@
+import asyncio
+
+import numpy as np
+import pytest
+
+from streamcorr.engine import Engine, EngineConfig
+
+RATE = 50.0
+
+
+def _config(**kw):
+    base = dict(channels=[], rate_hz=RATE, window_len=512, hop_samples=100, max_staleness_s=0.05,
+                skip_stale_hops=False, queue_size=10_000)  # fmt: skip
+    return EngineConfig(**(base | kw))
+
+
+def _stream(duration_s: float, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Six channels; a-b dependent only in [200, 400) s; c-d dependent until 300 s; e, f never."""
+    rng = np.random.default_rng(seed)
+    n = int(duration_s * RATE)
+    t = np.arange(n) / RATE
+    ch = {k: rng.standard_normal(n) for k in "abcdef"}
+    on_ab = (t >= 200) & (t < 400)
+    ch["b"] = np.where(on_ab, np.sin(2 * ch["a"]) + 0.3 * rng.standard_normal(n), ch["b"])  # non-monotone
+    on_cd = t < 300
+    ch["d"] = np.where(on_cd, ch["c"] ** 2 + 0.3 * rng.standard_normal(n), ch["d"])
+    return t, ch
+
+
+async def _replay(eng: Engine, t: np.ndarray, ch: dict[str, np.ndarray], chunk: int = 100) -> list:
+    events = []
+
+    async def collect():
+        async for ev in eng.events():
+            events.append(ev)
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0)
+    for s in range(0, len(t), chunk):
+        for name, v in ch.items():
+            eng.push(name, t[s : s + chunk] + 0.001, v[s : s + chunk])
+        await eng.flush()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    return events
+
+
+def test_events_fire_on_switching_pairs_only_over_ten_minutes():
+    """Over 10 simulated minutes, switches raise events on the switched pairs within two windows, and no other
+    pair ever raises one (dependences are non-monotone: Pearson r is about 0 for both)."""
+    t, ch = _stream(600.0)
+    eng = Engine(_config(channels=list("abcdef")))
+    events = asyncio.run(_wrap(eng, t, ch))
+    by_pair = {}
+    for ev in events:
+        by_pair.setdefault(ev.pair, []).append(ev)
+    assert set(by_pair) <= {("a", "b"), ("c", "d")}, by_pair.keys()
+    window_s = 512 / RATE
+
+    def first(pair, kind, after):
+        return min(ev.t_ns / 1e9 for ev in by_pair[pair] if ev.kind == kind and ev.t_ns / 1e9 >= after)
+
+    assert first(("a", "b"), "became-dependent", 200) - 200 <= 2 * window_s
+    assert first(("a", "b"), "became-independent", 400) - 400 <= 2 * window_s
+    assert first(("c", "d"), "became-independent", 300) - 300 <= 2 * window_s
+    assert eng.counters.hops >= 250 and eng.counters.hops_skipped == 0
+
+
+async def _wrap(eng, t, ch):
+    async with eng:
+        return await _replay(eng, t, ch)
+
+
+def test_bad_input_is_counted_not_fatal():
+    """NaN/inf, duplicate and out-of-order timestamps, a silent and a constant channel, and a channel added at
+    run time are each counted or handled, and the engine keeps publishing."""
+
+    async def run():
+        eng = Engine(_config(channels=["x", "y", "silent", "const"], window_len=128, hop_samples=50))
+        rng = np.random.default_rng(3)
+        snaps = []
+        async with eng:
+            for k in range(600):
+                tk = k / RATE
+                x = rng.standard_normal()
+                eng.push("x", tk, np.nan if k % 97 == 0 else x)
+                eng.push("y", tk, x + 0.2 * rng.standard_normal())
+                eng.push("const", tk, 1.0)
+                if k % 50 == 0:
+                    eng.push("y", tk, 0.0)  # duplicate timestamp
+                    eng.push("y", tk - 1.0, 0.0)  # out of order
+                    eng.push("x", tk, np.inf)
+                if k >= 300:
+                    eng.push("late_joiner", tk, x**2)
+                eng.push("x", tk, "not a number")  # type: ignore[arg-type]
+                await eng.flush()
+                if eng.latest is not None:
+                    snaps.append(eng.latest)
+        return eng, snaps
+
+    eng, snaps = asyncio.run(run())
+    bufs = {name: c.buffer.counters for name, c in eng._channels.items()}
+    assert bufs["x"].nonfinite >= 6 + 12
+    assert bufs["y"].duplicate == 12 and bufs["y"].late == 12
+    assert eng.counters.bad_sample == 600
+    last = snaps[-1]
+    names = list(last.channels)
+    assert "late_joiner" in names
+    ix, iy, isil, icon = (names.index(n) for n in ("x", "y", "silent", "const"))
+    assert last.mi[ix, iy] > 0.5
+    assert last.mi[ix, icon] == 0.0  # a constant channel has MI exactly 0
+    assert np.isnan(last.mi[ix, isil]) and np.isinf(last.age_s[ix, isil])  # never valid: never evaluated
+    assert eng.counters.pairs_low_coverage > 0
+    assert last.mi[names.index("late_joiner"), ix] > 0.3
+
+
+def test_config_rejects_impossible_settings():
+    """Window shorter than the model minimum, zero hop or duplicate channels raise ConfigError."""
+    from streamcorr.errors import ConfigError
+
+    for kw in ({"window_len": 16}, {"hop_samples": 0}, {"channels": ["a", "a"]}, {"min_coverage": 0}):
+        with pytest.raises(ConfigError):
+            _config(**kw)
