@@ -76,6 +76,12 @@ class EngineCounters:
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
+    stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per stage of evaluate()
+
+    def add_time(self, stage: str, t0: float) -> float:
+        now = time.perf_counter()
+        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + now - t0
+        return now
 
 
 _CALIBRATIONS: dict[tuple[int, int, float, float], NullCalibration] = {}
@@ -215,10 +221,14 @@ class Engine:
 
     def evaluate(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
         """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
+        t0 = time.perf_counter()
+        cnt = self.counters
         chans = list(self._channels.values())
         window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)
+        t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
+        t0 = cnt.add_time("ranks", t0)
         pick = self._scheduler.next_pairs()
         pairs = self._pairs[pick]
         i, j = pairs[:, 0], pairs[:, 1]
@@ -232,11 +242,14 @@ class Engine:
             g = self.est.grid
             hist = pair_histograms(u, u, g, i[full], j[full])
             marg = marginal_histograms(u, g)
+            t0 = cnt.add_time("histograms", t0)
             mi[full] = self.est.estimate_histograms(hist, marg[i[full]], marg[j[full]])
+            t0 = cnt.add_time("model", t0)
         partial = ok & ~full
         for k in np.flatnonzero(partial):  # gaps: rank each pair over its jointly valid instants
             both = valid[i[k]] & valid[j[k]]
             mi[k] = self.est.estimate_batch(window[i[k], both][None], window[j[k], both][None])[0]
+        t0 = cnt.add_time("gapped_pairs", t0)
         done = ok
         self._scheduler.mark_refreshed(pick[done], end_tick)
         self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
@@ -249,6 +262,7 @@ class Engine:
             if ev is not None:
                 events.append(ev)
         snap = self.state.snapshot(end_tick, time.time_ns())
+        cnt.add_time("publish", t0)
         return snap, events
 
     # -- async wiring --------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""Engine throughput: live 64-channel load, and a channels x window scaling table.
+
+    python -m bench.engine_throughput live [--duration-s 300] [--channels 64] [--window 1024]
+    python -m bench.engine_throughput scaling [--quick]
+
+live: a producer pushes 100 Hz frames of C channels in real time (10 ms chunks)
+into a live engine (hop = 1 s, all pairs each hop). Reports pairs refreshed per
+second, hops skipped, hop-to-publish latency p50/p99 (from the moment a window is
+due to its snapshot arriving at a subscriber) and the CPU time of each stage.
+
+scaling: evaluate() on filled buffers for each size, all pairs per hop: pairs
+per second of compute and the process memory (RSS) grown for the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+
+from streamcorr.engine import Engine, EngineConfig
+
+from .common import environment, write_results
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _signals(n_ch: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Channels in coupled groups of four (linear, quadratic, sine), the rest noise: (n_ch, n)."""
+    x = rng.standard_normal((n_ch, n))
+    for g in range(0, n_ch - 3, 8):
+        x[g + 1] = 0.7 * x[g] + 0.5 * x[g + 1]
+        x[g + 2] = x[g] ** 2 + 0.5 * x[g + 2]
+        x[g + 3] = np.sin(2 * x[g]) + 0.3 * x[g + 3]
+    return x
+
+
+async def _live(n_ch: int, window: int, duration_s: float, rate: float = 100.0) -> dict[str, object]:
+    names = [f"ch{k:03d}" for k in range(n_ch)]
+    cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000)
+    eng = Engine(cfg)
+    rng = np.random.default_rng(0)
+    data = _signals(n_ch, int(rate * (duration_s + 30)), rng)
+    latencies: list[float] = []
+    ingest_s = 0.0
+
+    async def consume() -> None:
+        async for snap in eng.snapshots():
+            due_wall = t_start + (snap.t_ns / 1e9 + cfg.max_staleness_s)  # when the window became due
+            latencies.append(time.time() - due_wall)
+
+    async with eng:
+        t_start = time.time()
+        consumer = asyncio.create_task(consume())
+        chunk = int(rate / 100)  # 10 ms of samples per push
+        k = 0
+        t_frame = np.arange(data.shape[1]) / rate
+        while (now := time.time() - t_start) < duration_s:
+            target = int(now * rate)
+            t0 = time.perf_counter()
+            while k < target:
+                sl = slice(k, min(k + chunk, target))
+                for c, name in enumerate(names):
+                    eng.push(name, t_frame[sl], data[c, sl])
+                k = sl.stop
+            ingest_s += time.perf_counter() - t0
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(2 * window / rate / 10)
+        consumer.cancel()
+    n_pairs = n_ch * (n_ch - 1) // 2
+    c = eng.counters
+    lat = np.array(latencies[2:]) if len(latencies) > 4 else np.array(latencies)
+    return {
+        "channels": n_ch, "window_len": window, "rate_hz": rate, "duration_s": duration_s, "pairs": n_pairs,
+        "hops": c.hops, "hops_skipped": c.hops_skipped,
+        "pairs_refreshed_per_s": c.pairs_evaluated / duration_s,
+        "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
+        "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": _rss_mb(),
+    }  # fmt: skip
+
+
+def live(args: argparse.Namespace) -> None:
+    res = asyncio.run(_live(args.channels, args.window, args.duration_s))
+    total = sum(res["cpu_s"].values())  # type: ignore[union-attr]
+    md = [f"## Live engine: {res['channels']} channels at {res['rate_hz']:.0f} Hz, window {res['window_len']}, "
+          f"hop 1 s, all {res['pairs']} pairs, {res['duration_s']:.0f} s\n",
+          f"- pairs refreshed per second: **{res['pairs_refreshed_per_s']:.0f}** (target {res['pairs']})",
+          f"- hops evaluated {res['hops']}, skipped because compute was behind {res['hops_skipped']}",
+          f"- hop-to-publish latency p50 **{res['latency_p50_s'] * 1e3:.0f} ms**, p99 "
+          f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB", "",
+          "| stage | CPU s | share |", "|---|---|---|"]  # fmt: skip
+    md += [f"| {k} | {v:.1f} | {100 * v / total:.0f}% |" for k, v in res["cpu_s"].items()]  # type: ignore[union-attr]
+    write_results(f"engine_live_{res['channels']}ch_{res['window_len']}", {"env": environment(), **res}, "\n".join(md))
+
+
+def scaling(args: argparse.Namespace) -> None:
+    rows = []
+    sizes = [(16, 256), (64, 1024)] if args.quick else [(c, w) for c in (16, 64, 256) for w in (256, 1024, 4096)]
+    for n_ch, window in sizes:
+        rss0 = _rss_mb()
+        names = [f"ch{k:03d}" for k in range(n_ch)]
+        eng = Engine(EngineConfig(channels=names, rate_hz=100.0, window_len=window, hop_samples=100))
+        data = _signals(n_ch, window + 300, np.random.default_rng(1))
+        t = np.arange(data.shape[1]) / 100.0
+        for c, name in enumerate(names):
+            eng.push(name, t, data[c])
+        period = eng.resampler.period_ns
+        end0 = int(round(t[window - 1] * 1e9)) // period * period
+        eng.evaluate(end0)  # first window: full ranks
+        times = []
+        for h in range(1, 3):
+            t0 = time.perf_counter()
+            eng.evaluate(end0 + h * 100 * period)  # later hops: incremental ranks
+            times.append(time.perf_counter() - t0)
+        n_pairs = n_ch * (n_ch - 1) // 2
+        rows.append({"channels": n_ch, "window_len": window, "pairs": n_pairs, "hop_s": float(np.median(times)),
+                     "pairs_per_s": n_pairs / float(np.median(times)), "rss_grown_mb": _rss_mb() - rss0})  # fmt: skip
+        print(rows[-1], flush=True)
+        del eng
+    md = [
+        "## Engine scaling: one hop evaluating every pair (compute only, median of 2 hops)\n",
+        "| channels | window | pairs | s per hop | pairs/s | RSS grown MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    md += [f"| {r['channels']} | {r['window_len']} | {r['pairs']} | {r['hop_s']:.2f} | {r['pairs_per_s']:.0f} | "
+           f"{r['rss_grown_mb']:.0f} |" for r in rows]  # fmt: skip
+    write_results("engine_scaling_quick" if args.quick else "engine_scaling", {"env": environment(), "rows": rows},
+                  "\n".join(md))  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lv = sub.add_parser("live")
+    lv.add_argument("--duration-s", type=float, default=300.0)
+    lv.add_argument("--channels", type=int, default=64)
+    lv.add_argument("--window", type=int, default=1024)
+    lv.set_defaults(func=live)
+    sc = sub.add_parser("scaling")
+    sc.add_argument("--quick", action="store_true")
+    sc.set_defaults(func=scaling)
+    args = ap.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
