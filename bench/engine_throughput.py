@@ -113,7 +113,7 @@ def scaling(args: argparse.Namespace) -> None:
         for c, name in enumerate(names):
             eng.push(name, t, data[c])
         period = eng.resampler.period_ns
-        end0 = int(round(t[window - 1] * 1e9)) // period * period
+        end0 = round(t[window - 1] * 1e9) // period * period
         eng.evaluate(end0)  # first window: full ranks
         times = []
         for h in range(1, 3):
