@@ -134,6 +134,7 @@ class Engine:
         self._scheduler = Scheduler(self._pairs, config.max_pairs_per_hop or 1)
         for name in config.channels:
             self._add_channel(name)
+        self._sync_channels()
         self._stream_ns: int | None = None
         self._next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
         self._wake = asyncio.Event()
@@ -146,15 +147,24 @@ class Engine:
     # -- channels ---------------------------------------------------------------------------------
     @property
     def channels(self) -> list[str]:
-        return list(self._channels)
+        """Channel names in matrix order."""
+        return list(self.state.channels)
 
     def _add_channel(self, name: str) -> None:
+        # Only the buffer is created here (on the event loop); the matrix, pairs and scheduler grow in
+        # _sync_channels, called by the evaluating thread, so they never change under an evaluation.
         self._channels[name] = _Channel(name, self.capacity, self.cfg.window_len)
-        self.state.add_channel(name)
+
+    def _sync_channels(self) -> None:
+        new = [name for name in list(self._channels) if name not in self.state.channels]
+        if not new:
+            return
+        for name in new:
+            self.state.add_channel(name)
         old = {tuple(p): t for p, t in zip(self._pairs.tolist(), self._scheduler.last_refresh_ns, strict=True)}
-        self._pairs = self.cfg.pairs.resolve(list(self._channels)) if len(self._channels) > 1 else self._pairs
-        budget = self.cfg.max_pairs_per_hop or max(1, len(self._pairs))
-        self._scheduler = Scheduler(self._pairs, budget)
+        if len(self.state.channels) > 1:
+            self._pairs = self.cfg.pairs.resolve(self.state.channels)
+        self._scheduler = Scheduler(self._pairs, self.cfg.max_pairs_per_hop or max(1, len(self._pairs)))
         for k, p in enumerate(self._pairs.tolist()):
             self._scheduler.last_refresh_ns[k] = old.get(tuple(p), -1)
 
@@ -223,7 +233,8 @@ class Engine:
         """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
         t0 = time.perf_counter()
         cnt = self.counters
-        chans = list(self._channels.values())
+        self._sync_channels()
+        chans = [self._channels[name] for name in self.state.channels]
         window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)
         t0 = cnt.add_time("align", t0)
