@@ -8,6 +8,8 @@ projections from a seeded generator.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +26,29 @@ __all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch",
 
 NonFinite = Literal["raise", "drop"]
 Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+_allocator_tuned = False
+
+
+def _tune_allocator() -> None:
+    """Keep freed activation buffers in the heap instead of returning them to the OS.
+
+    glibc serves large blocks with fresh mmap pages and trims the heap after
+    frees, so every forward pass page-faults its activations back in: measured
+    here, that doubled CPU inference time. Peak memory is bounded by batch_size.
+    """
+    global _allocator_tuned
+    if _allocator_tuned or not sys.platform.startswith("linux"):
+        return
+    _allocator_tuned = True
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 256 * 2**20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1024 * 2**20)
+    except (OSError, AttributeError):  # not glibc: leave the allocator alone
+        pass
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -59,7 +84,7 @@ class Estimator:
         weights: str | Path | None = None,
         *,
         device: str = "cpu",
-        batch_size: int = 32,
+        batch_size: int = 128,
         threads: int | None = None,
         nonfinite: NonFinite = "raise",
     ) -> None:
@@ -72,6 +97,8 @@ class Estimator:
                 raise InputError(f"threads must be >= 1; got {threads}")
             torch.set_num_threads(threads)
         self.device = _resolve_device(device)
+        if self.device.type == "cpu":
+            _tune_allocator()
         self.batch_size = batch_size
         self.nonfinite: NonFinite = nonfinite
         self.model: InfoNet
