@@ -33,6 +33,16 @@ def _rss_mb() -> float:
     return float("nan")
 
 
+def _state_mb(eng: Engine) -> float:
+    """Bytes held by the engine's per-channel state (ring buffers, sliding ranks) and matrices, in MB."""
+    total = 0
+    for ch in eng._channels.values():
+        total += ch.buffer._t.nbytes + ch.buffer._v.nbytes + ch.ranks._vals.nbytes + ch.ranks._ids.nbytes
+    st = eng.state
+    total += st.mi.nbytes + st.coverage.nbytes + st.refreshed_ns.nbytes
+    return total / 2**20
+
+
 def _signals(n_ch: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """Channels in coupled groups of four (linear, quadratic, sine), the rest noise: (n_ch, n)."""
     x = rng.standard_normal((n_ch, n))
@@ -122,7 +132,8 @@ def scaling(args: argparse.Namespace) -> None:
             times.append(time.perf_counter() - t0)
         n_pairs = n_ch * (n_ch - 1) // 2
         rows.append({"channels": n_ch, "window_len": window, "pairs": n_pairs, "hop_s": float(np.median(times)),
-                     "pairs_per_s": n_pairs / float(np.median(times)), "rss_grown_mb": _rss_mb() - rss0})  # fmt: skip
+                     "pairs_per_s": n_pairs / float(np.median(times)), "state_mb": _state_mb(eng),
+                     "rss_grown_mb": _rss_mb() - rss0})  # fmt: skip
         print(rows[-1], flush=True)
         del eng
     md = [
