@@ -140,8 +140,8 @@ class Engine:
         self._wake = asyncio.Event()
         self._busy = False
         self._task: asyncio.Task[None] | None = None
-        self._snap_queues: list[asyncio.Queue[Snapshot]] = []
-        self._event_queues: list[asyncio.Queue[ChangeEvent]] = []
+        self._snap_queues: list[asyncio.Queue[Any]] = []
+        self._event_queues: list[asyncio.Queue[Any]] = []
         self.latest: Snapshot | None = None
 
     # -- channels ---------------------------------------------------------------------------------
@@ -346,26 +346,21 @@ class Engine:
             setattr(self.counters, counter, getattr(self.counters, counter) + 1)
         q.put_nowait(item)
 
-    async def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
-        """Every new snapshot, from now on; ends after timeout_s without one."""
-        q: asyncio.Queue[Snapshot] = asyncio.Queue(self.cfg.queue_size)
-        self._snap_queues.append(q)
+    async def _subscribe(self, queues: list[asyncio.Queue[Any]], timeout_s: float | None) -> AsyncIterator[Any]:
+        q: asyncio.Queue[Any] = asyncio.Queue(self.cfg.queue_size)
+        queues.append(q)
         try:
             while True:
                 yield await asyncio.wait_for(q.get(), timeout_s)
         except TimeoutError:
             return
         finally:
-            self._snap_queues.remove(q)
+            queues.remove(q)
 
-    async def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
+    def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
+        """Every new snapshot, from now on; ends after timeout_s without one."""
+        return self._subscribe(self._snap_queues, timeout_s)
+
+    def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
         """Every change event, from now on; ends after timeout_s without one."""
-        q: asyncio.Queue[ChangeEvent] = asyncio.Queue(self.cfg.queue_size)
-        self._event_queues.append(q)
-        try:
-            while True:
-                yield await asyncio.wait_for(q.get(), timeout_s)
-        except TimeoutError:
-            return
-        finally:
-            self._event_queues.remove(q)
+        return self._subscribe(self._event_queues, timeout_s)
