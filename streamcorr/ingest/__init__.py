@@ -1,0 +1,1 @@
+"""Transports in: MQTT (aiomqtt) and ZeroMQ (pyzmq), decoding payloads into engine samples."""
