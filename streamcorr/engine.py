@@ -143,6 +143,7 @@ class Engine:
         self._snap_queues: list[asyncio.Queue[Any]] = []
         self._event_queues: list[asyncio.Queue[Any]] = []
         self.latest: Snapshot | None = None
+        self._last_window: tuple[tuple[str, ...], np.ndarray] | None = None  # (names, (C, N)) of the newest hop
 
     # -- channels ---------------------------------------------------------------------------------
     @property
@@ -237,6 +238,7 @@ class Engine:
         chans = [self._channels[name] for name in self.state.channels]
         window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)
+        self._last_window = (tuple(self.state.channels), window)
         t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
@@ -275,6 +277,19 @@ class Engine:
         snap = self.state.snapshot(end_tick, time.time_ns())
         cnt.add_time("publish", t0)
         return snap, events
+
+    def pair_table(self, a: str, b: str) -> np.ndarray | None:
+        """The model's lookup table theta (G, G) for channels a and b on the newest window; None if unavailable."""
+        if self._last_window is None:
+            return None
+        names, window = self._last_window
+        if a not in names or b not in names:
+            return None
+        x, y = window[names.index(a)], window[names.index(b)]
+        both = np.isfinite(x) & np.isfinite(y)
+        if both.sum() < self.est.min_window:
+            return None
+        return self.est.table(x[both], y[both])[0]
 
     # -- async wiring --------------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
