@@ -11,26 +11,49 @@ from .errors import ConfigError, InputError, ModelLoadError, StreamcorrError
 
 __version__ = "0.1.0"
 
+# public name -> submodule that defines it, imported on first access (PEP 562)
+_LAZY = {
+    "Estimator": "estimator",
+    "estimate_mi": "estimator",
+    "estimate_mi_batch": "estimator",
+    "sliced_mi": "estimator",
+    "Engine": "engine",
+    "EngineConfig": "engine",
+    "Snapshot": "publish.snapshot",
+    "ChangeEvent": "publish.changes",
+    "Subscriber": "publish.subscriber",
+    "load_config": "config",
+}
+
 __all__ = [
+    "ChangeEvent",
     "ConfigError",
+    "Engine",
+    "EngineConfig",
     "Estimator",
     "InputError",
     "ModelLoadError",
+    "Snapshot",
     "StreamcorrError",
+    "Subscriber",
     "estimate_mi",
     "estimate_mi_batch",
+    "load_config",
     "sliced_mi",
 ]
 
-_LAZY = {"Estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"}
-
 if TYPE_CHECKING:
+    from .config import load_config
+    from .engine import Engine, EngineConfig
     from .estimator import Estimator, estimate_mi, estimate_mi_batch, sliced_mi
+    from .publish.changes import ChangeEvent
+    from .publish.snapshot import Snapshot
+    from .publish.subscriber import Subscriber
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import estimator
+        import importlib
 
-        return getattr(estimator, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module 'streamcorr' has no attribute {name!r}")
