@@ -1,0 +1,229 @@
+"""The daemon's YAML configuration: one file, validated with pydantic v2 (unknown keys are errors).
+
+Errors name the key path and the fix, e.g.
+``sources.0.port: Input should be less than or equal to 65535 (got 70000)``.
+See examples/*.yaml for one complete file per transport and the README for every key.
+
+>>> cfg = parse_config({"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]})
+>>> cfg.window.samples, cfg.outputs.zmq is None
+(1024, True)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+__all__ = ["Config", "load_config", "parse_config"]
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tls(_Strict):
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False
+
+
+class Payload(_Strict):
+    format: Literal["auto", "json", "msgpack", "number"] = "auto"
+    channel_template: str = "{topic}/{key}"  # topic levels {topic[0]}.., payload field {key}
+    time_field: str = "t"
+    time_unit: Literal["s", "ms", "us", "ns"] = "s"
+    max_payload_bytes: int = Field(1 << 20, ge=16, le=64 << 20)
+    max_samples_per_message: int = Field(100_000, ge=1, le=10_000_000)
+
+
+class MqttConnection(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    client_id: str | None = None
+    username: str | None = None
+    password: str | None = None
+    tls: Tls | None = None
+    qos: Literal[0, 1, 2] = 0
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    reconnect_min_s: float = Field(0.5, gt=0)
+    reconnect_max_s: float = Field(30.0, gt=0)
+
+
+class MqttSourceConfig(MqttConnection, Payload):
+    type: Literal["mqtt"]
+    topics: list[str] = Field(min_length=1)
+    queue_size: int = Field(10_000, ge=1, le=1_000_000)
+
+
+class ZmqSourceConfig(Payload):
+    type: Literal["zmq"]
+    endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://")
+    mode: Literal["sub", "pull"] = "sub"
+    bind: bool = False
+    topics: list[str] = Field(default_factory=lambda: [""])
+    rcvhwm: int = Field(10_000, ge=1, le=1_000_000)
+
+
+Source = Annotated[MqttSourceConfig | ZmqSourceConfig, Field(discriminator="type")]
+
+
+class Channels(_Strict):
+    names: list[str] = Field(default_factory=list)  # known up front, in matrix order
+    auto_add: bool = True  # channels first seen at run time join the matrix
+    rate_hz: float = Field(100.0, gt=0, le=100_000)  # the common clock
+    max_staleness_s: float = Field(0.05, ge=0)  # sample-and-hold limit
+
+
+class Window(_Strict):
+    samples: int = Field(1024, ge=32, le=1 << 20)
+    hop_samples: int | None = Field(None, ge=1)
+    hop_s: float | None = Field(None, gt=0)
+    min_coverage: float = Field(0.9, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _one_hop(self) -> Window:
+        if self.hop_samples is not None and self.hop_s is not None:
+            raise ValueError("give hop_samples or hop_s, not both")
+        return self
+
+
+class Pairs(_Strict):
+    mode: Literal["all", "list", "groups"] = "all"
+    pairs: list[tuple[str, str]] = Field(default_factory=list)  # mode: list
+    groups: list[str] = Field(default_factory=list)  # mode: groups (groups x groups_with)
+    groups_with: list[str] = Field(default_factory=list)
+    max_per_hop: int | None = Field(None, ge=1)  # refresh at most this many pairs per hop, stalest first
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Pairs:
+        if self.mode == "list" and not self.pairs:
+            raise ValueError("mode 'list' needs a non-empty 'pairs' list of [a, b]")
+        if self.mode == "groups" and not self.groups:
+            raise ValueError("mode 'groups' needs 'groups' (and optionally 'groups_with')")
+        return self
+
+
+class EstimatorConfig(_Strict):
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    batch_size: int = Field(128, ge=1, le=65_536)
+    threads: int | None = Field(None, ge=1)
+    weights: str | None = None  # None: the shipped model
+
+
+class Changes(_Strict):
+    false_alarm_rate: float = Field(1e-3, gt=0, lt=0.5)
+    min_effect: float = Field(0.1, ge=0)
+    persist: int = Field(2, ge=1)
+    delta: float | None = Field(None, gt=0)
+
+
+class ZmqOutput(_Strict):
+    endpoint: str = Field("tcp://127.0.0.1:5556", pattern=r"^(tcp|ipc|inproc)://")
+    bind: bool = True
+    snapshot_endpoint: str | None = Field("tcp://127.0.0.1:5557", pattern=r"^(tcp|ipc|inproc)://")
+    prefix: str = "streamcorr"
+    top_k: int | None = Field(None, ge=1)
+    threshold: float | None = None
+
+
+class MqttOutput(MqttConnection):
+    prefix: str = "streamcorr"
+    retain_snapshot: bool = True
+    queue_size: int = Field(256, ge=1, le=100_000)
+    top_k: int | None = Field(None, ge=1)
+    threshold: float | None = None
+
+
+class Outputs(_Strict):
+    zmq: ZmqOutput | None = None
+    mqtt: MqttOutput | None = None
+    status_interval_s: float = Field(5.0, gt=0)
+
+
+class Http(_Strict):
+    """Prometheus /metrics, /healthz and (when outputs.web is enabled) the live page share one listener."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(9108, ge=0, le=65535)
+    web: bool = False  # serve the live web view at /
+
+
+class Logging(_Strict):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "text"] = "json"
+
+
+class Config(_Strict):
+    version: Literal[1]
+    sources: list[Source] = Field(min_length=1)
+    channels: Channels = Channels()
+    window: Window = Window()
+    pairs: Pairs = Pairs()
+    estimator: EstimatorConfig = EstimatorConfig()
+    changes: Changes = Changes()
+    outputs: Outputs = Outputs()
+    http: Http = Http()
+    logging: Logging = Logging()
+
+    def hop_samples(self) -> int:
+        if self.window.hop_samples is not None:
+            return self.window.hop_samples
+        if self.window.hop_s is not None:
+            return max(1, round(self.window.hop_s * self.channels.rate_hz))
+        return max(1, round(self.channels.rate_hz))  # default: one hop per second
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
+        if len(loc) > 2 and loc[0] == "sources" and loc[2] in ("mqtt", "zmq"):
+            del loc[2]  # the union's tag, which is not a key in the file
+        path = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key: remove it or check its spelling (see the README's configuration reference)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        elif err["type"] == "union_tag_invalid":
+            msg = "'type' must be 'mqtt' or 'zmq'"
+        else:
+            got = err.get("input")
+            msg = err["msg"] + ("" if isinstance(got, dict | list) else f" (got {got!r})")
+        lines.append(f"{path}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any) -> Config:
+    """Validate a parsed YAML document; raises ConfigError naming each bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError("the configuration must be a mapping of keys (start with 'version: 1')")
+    if "version" in data and data["version"] != SCHEMA_VERSION:
+        raise ConfigError(f"version: this streamcorr reads version {SCHEMA_VERSION}; got {data['version']!r}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML configuration file."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {p}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
