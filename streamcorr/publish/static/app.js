@@ -1,0 +1,323 @@
+"use strict";
+// Live view of a streamcorr engine: WebSocket messages in, canvas drawings out. No dependencies, no build.
+// Test hooks: #heatmap carries data-seq (last rendered snapshot), its geometry (data-x0, data-y0, data-cell
+// in CSS pixels) and data-render-ms; #detail carries data-pair; #table carries data-grid and data-pair once drawn.
+(() => {
+  const MAX_EVENTS = 100; // list length; older entries are removed
+  const HISTORY_MAX = 1000; // points kept for the sparkline of the selected pair
+  const TABLE_REFRESH_MS = 5000; // the selected pair's table is refetched at most this often
+  const NAN_GREY = "#4a505a";
+  // viridis at ten stops: perceptually even, readable on a dark background
+  const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e",
+    "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"].map(hexRgb);
+
+  const $ = (id) => document.getElementById(id);
+  const heat = $("heatmap"), legend = $("legend"), spark = $("spark"), tableCv = $("table");
+  const st = {
+    snap: null, layout: null, vmax: 1, sel: null, pinned: false, detail: null,
+    fetchToken: 0, fetchTimer: 0, lastFetchMs: 0, renderQueued: false, retryMs: 1000, ws: null,
+  };
+
+  // -- colours -------------------------------------------------------------------------------------
+  function hexRgb(h) { const v = parseInt(h.slice(1), 16); return [v >> 16, (v >> 8) & 255, v & 255]; }
+  function clamp(x, lo, hi) { return Math.min(hi, Math.max(lo, x)); }
+  function mix(a, b, f) { return a.map((x, k) => Math.round(x + (b[k] - x) * f)); }
+  function rgb(c) { return `rgb(${c[0]},${c[1]},${c[2]})`; }
+  function ramp(t) {
+    const x = clamp(t, 0, 1) * (VIRIDIS.length - 1), k = Math.min(VIRIDIS.length - 2, Math.floor(x));
+    return mix(VIRIDIS[k], VIRIDIS[k + 1], x - k);
+  }
+  function miColor(v) { return v === null ? NAN_GREY : rgb(ramp(v / st.vmax)); }
+  function thetaColor(v, m) { // diverging around θ = 0: blue below, red above
+    if (v === null) return NAN_GREY;
+    const t = clamp(v / m, -1, 1), mid = [238, 238, 238];
+    return rgb(t < 0 ? mix(mid, [44, 110, 200], -t) : mix(mid, [205, 55, 50], t));
+  }
+  function sizeCanvas(cv, w, h) { // backing store in device pixels, drawing in CSS pixels
+    const dpr = window.devicePixelRatio || 1;
+    cv.width = Math.round(w * dpr); cv.height = Math.round(h * dpr);
+    cv.style.width = `${w}px`; cv.style.height = `${h}px`;
+    const ctx = cv.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return ctx;
+  }
+  function fmt(v, d = 3) { return v === null || v === undefined ? "–" : Number(v).toFixed(d); }
+  function fmtTime(tNs) { // epoch-like stream times as clock time, replayed/simulated ones as seconds
+    return tNs > 1e17 ? new Date(tNs / 1e6).toLocaleTimeString([], { hour12: false }) : `${(tNs / 1e9).toFixed(1)} s`;
+  }
+
+  // -- heatmap -------------------------------------------------------------------------------------
+  function layout(channels) {
+    const n = Math.max(channels.length, 1), avail = Math.max(240, $("heat-wrap").clientWidth - 4);
+    const ctx = heat.getContext("2d");
+    const font = clamp(Math.floor((avail - 100) / n) - 2, 7, 12);
+    ctx.font = `${font}px system-ui, sans-serif`;
+    const label = Math.ceil(Math.max(20, ...channels.map((c) => ctx.measureText(c).width))) + 8;
+    const cell = clamp(Math.floor((avail - label) / n), 6, 48);
+    return { key: channels.join("\u0000") + "|" + avail, n, cell, font, x0: label, y0: label, size: label + n * cell };
+  }
+
+  function niceMax(v) { return Math.max(1, Math.ceil(v * 2) / 2); } // scale in half-nat steps, at least 1 nat
+
+  function render() {
+    st.renderQueued = false;
+    const t0 = performance.now();
+    const s = st.snap;
+    if (!s) return;
+    const L0 = layout(s.channels);
+    if (!st.layout || st.layout.key !== L0.key) st.layout = L0;
+    const L = st.layout, n = s.channels.length;
+    const ctx = sizeCanvas(heat, L.size + 2, L.size + 2);
+    let max = 0;
+    for (const row of s.mi) for (const v of row) if (v !== null && v > max) max = v;
+    st.vmax = niceMax(max);
+    const gap = L.cell >= 10 ? 1 : 0;
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < n; j++) {
+        ctx.fillStyle = miColor(s.mi[i][j]);
+        ctx.fillRect(L.x0 + j * L.cell, L.y0 + i * L.cell, L.cell - gap, L.cell - gap);
+      }
+    }
+    if (L.cell >= 34) { // room for the numbers themselves
+      ctx.font = `${Math.min(12, L.cell / 3.2)}px system-ui, sans-serif`;
+      ctx.textAlign = "center"; ctx.textBaseline = "middle";
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < n; j++) {
+          const v = s.mi[i][j];
+          if (v === null) continue;
+          ctx.fillStyle = v / st.vmax > 0.6 ? "#111" : "#eee";
+          ctx.fillText(v.toFixed(2), L.x0 + (j + 0.5) * L.cell, L.y0 + (i + 0.5) * L.cell);
+        }
+      }
+    }
+    const si = st.sel ? s.channels.indexOf(st.sel.a) : -1, sj = st.sel ? s.channels.indexOf(st.sel.b) : -1;
+    ctx.font = `${L.font}px system-ui, sans-serif`; ctx.textBaseline = "middle";
+    for (let k = 0; k < n; k++) {
+      const hot = k === si || k === sj;
+      ctx.fillStyle = hot ? "#fff" : "#9aa4b1";
+      ctx.textAlign = "right";
+      ctx.fillText(s.channels[k], L.x0 - 4, L.y0 + (k + 0.5) * L.cell);
+      ctx.save();
+      ctx.translate(L.x0 + (k + 0.5) * L.cell, L.y0 - 4);
+      ctx.rotate(-Math.PI / 2);
+      ctx.textAlign = "left";
+      ctx.fillText(s.channels[k], 0, 0);
+      ctx.restore();
+    }
+    if (si >= 0 && sj >= 0) {
+      ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
+      for (const [r, c] of [[si, sj], [sj, si]]) ctx.strokeRect(L.x0 + c * L.cell, L.y0 + r * L.cell, L.cell - gap, L.cell - gap);
+    }
+    Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax });
+    drawLegend();
+    heat.dataset.renderMs = (performance.now() - t0).toFixed(2);
+  }
+
+  function drawLegend() {
+    const w = Math.max(240, Math.min(460, $("heat-wrap").clientWidth - 4));
+    const ctx = sizeCanvas(legend, w, 44), barW = w - 120;
+    for (let x = 0; x < barW; x++) { ctx.fillStyle = rgb(ramp(x / (barW - 1))); ctx.fillRect(x, 4, 1, 14); }
+    ctx.fillStyle = "#9aa4b1"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
+    const step = st.vmax <= 2 ? 0.25 : st.vmax <= 4 ? 0.5 : 1, ticks = Math.floor(st.vmax / step + 1e-9);
+    for (let k = 0; k <= ticks; k++) {
+      const x = ((k * step) / st.vmax) * (barW - 1);
+      ctx.fillRect(x, 18, 1, 4);
+      ctx.textAlign = k === 0 ? "left" : x > barW - 12 ? "right" : "center";
+      ctx.fillText((k * step).toFixed(2), x, 24);
+    }
+    ctx.textAlign = "left"; ctx.fillText("MI (nats)", barW + 10, 4);
+    ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, 24, 12, 12);
+    ctx.fillStyle = "#9aa4b1"; ctx.fillText("no estimate", barW + 26, 24);
+  }
+
+  function queueRender() {
+    if (!st.renderQueued) { st.renderQueued = true; requestAnimationFrame(render); }
+  }
+
+  function cellAt(ev) {
+    const L = st.layout, s = st.snap;
+    if (!L || !s) return null;
+    const j = Math.floor((ev.offsetX - L.x0) / L.cell), i = Math.floor((ev.offsetY - L.y0) / L.cell);
+    if (i < 0 || j < 0 || i >= s.channels.length || j >= s.channels.length || i === j) return null;
+    return { a: s.channels[i], b: s.channels[j] };
+  }
+
+  function select(pair) {
+    if (!pair || (st.sel && st.sel.a === pair.a && st.sel.b === pair.b)) return;
+    st.sel = pair; st.detail = null;
+    $("detail").dataset.pair = `${pair.a}|${pair.b}`;
+    $("detail-pair").textContent = `${pair.a} × ${pair.b}`;
+    tableCv.dataset.grid = "0"; tableCv.dataset.pair = "";
+    $("table-note").textContent = "loading…";
+    st.lastFetchMs = Date.now(); // the debounced fetch below is the first one
+    updateDetail();
+    clearTimeout(st.fetchTimer);
+    st.fetchTimer = setTimeout(fetchPair, 120); // sweeping the mouse across cells should not flood the model
+    queueRender();
+  }
+
+  heat.addEventListener("mousemove", (ev) => { if (!st.pinned) select(cellAt(ev)); });
+  heat.addEventListener("click", (ev) => {
+    const pair = cellAt(ev);
+    if (!pair) return;
+    st.pinned = !(st.pinned && st.sel && st.sel.a === pair.a && st.sel.b === pair.b);
+    select(pair);
+    $("detail").dataset.pinned = st.pinned ? "1" : "";
+  });
+  window.addEventListener("resize", queueRender);
+
+  // -- pair detail ---------------------------------------------------------------------------------
+  async function fetchPair() {
+    const sel = st.sel;
+    if (!sel) return;
+    const token = ++st.fetchToken;
+    st.lastFetchMs = Date.now();
+    let body;
+    try {
+      const r = await fetch(`api/pair?a=${encodeURIComponent(sel.a)}&b=${encodeURIComponent(sel.b)}`);
+      body = await r.json();
+      if (!r.ok && !body.history) throw new Error(body.error || `HTTP ${r.status}`);
+    } catch (err) {
+      if (token === st.fetchToken) $("table-note").textContent = `detail unavailable: ${err.message}`;
+      return;
+    }
+    if (token !== st.fetchToken) return; // a newer selection or refresh superseded this answer
+    st.detail = { t: body.history.t_ns, v: body.history.mi };
+    drawSpark();
+    drawTable(sel, body);
+  }
+
+  function updateDetail() {
+    const s = st.snap, sel = st.sel;
+    if (!s || !sel) return;
+    const i = s.channels.indexOf(sel.a), j = s.channels.indexOf(sel.b);
+    if (i < 0 || j < 0) return;
+    const v = s.mi[i][j];
+    $("detail-mi").textContent = v === null ? "no estimate" : `${fmt(v)} nats`;
+    const cov = s.coverage[i][j], age = s.age_s[i][j];
+    $("detail-meta").textContent =
+      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}`;
+    const d = st.detail;
+    if (d && (d.t.length === 0 || s.t_ns > d.t[d.t.length - 1])) { // extend the fetched history live
+      d.t.push(s.t_ns); d.v.push(v);
+      if (d.t.length > HISTORY_MAX) { d.t.shift(); d.v.shift(); }
+      drawSpark();
+    }
+    if (Date.now() - st.lastFetchMs > TABLE_REFRESH_MS) fetchPair();
+  }
+
+  function drawSpark() {
+    const d = st.detail, w = 320, h = 70, ctx = sizeCanvas(spark, w, h);
+    if (!d) return;
+    const vals = d.v.filter((x) => x !== null);
+    spark.dataset.points = String(vals.length);
+    if (vals.length === 0) { ctx.fillStyle = "#9aa4b1"; ctx.fillText("no estimates yet", 4, h / 2); return; }
+    const hi = Math.max(0.1, ...vals), pad = 4, n = d.v.length;
+    const x = (k) => pad + (n === 1 ? 0 : (k / (n - 1)) * (w - 2 * pad - 40));
+    const y = (v) => h - pad - (v / hi) * (h - 2 * pad);
+    ctx.strokeStyle = "#2c323c"; ctx.beginPath(); ctx.moveTo(pad, y(0)); ctx.lineTo(w - 40, y(0)); ctx.stroke();
+    ctx.strokeStyle = "#35b779"; ctx.lineWidth = 1.5; ctx.beginPath();
+    let pen = false;
+    d.v.forEach((v, k) => { // gaps (no estimate) break the line
+      if (v === null) { pen = false; return; }
+      if (pen) ctx.lineTo(x(k), y(v)); else ctx.moveTo(x(k), y(v));
+      pen = true;
+    });
+    ctx.stroke();
+    ctx.fillStyle = "#9aa4b1"; ctx.font = "10px system-ui, sans-serif"; ctx.textAlign = "left";
+    ctx.textBaseline = "top"; ctx.fillText(fmt(hi, 2), w - 36, pad);
+    ctx.textBaseline = "bottom"; ctx.fillText("0", w - 36, h - pad);
+  }
+
+  function drawTable(sel, body) {
+    const ctx = sizeCanvas(tableCv, 160, 160);
+    if (!body.table) {
+      $("table-note").textContent = body.table_error || "no table for this pair yet";
+      return;
+    }
+    const g = body.grid, px = 160 / g;
+    const finite = body.table.flat().filter((v) => v !== null);
+    const lo = Math.min(...finite), hi = Math.max(...finite);
+    // colour scale at the 95th percentile of |θ|: a few extreme corner nodes must not wash out the rest
+    const mags = finite.map(Math.abs).sort((x, y) => x - y);
+    const m = Math.max(1e-9, mags[Math.floor(0.95 * (mags.length - 1))] || 0);
+    for (let i = 0; i < g; i++) { // θ[i][j]: i = rank node of a (x, rightwards), j = rank node of b (y, upwards)
+      for (let j = 0; j < g; j++) {
+        ctx.fillStyle = thetaColor(body.table[i][j], m);
+        ctx.fillRect(i * px, (g - 1 - j) * px, Math.ceil(px), Math.ceil(px));
+      }
+    }
+    Object.assign(tableCv.dataset, { grid: g, pair: `${sel.a}|${sel.b}` });
+    $("table-note").textContent = "";
+    const note = $("table-note");
+    for (const line of [`θ on a ${g}×${g} rank grid`, `x: rank of ${sel.a}`, `y: rank of ${sel.b}`,
+      `θ from ${fmt(lo, 2)} to ${fmt(hi, 2)}`, `colour: ±${fmt(m, 2)} (blue − / red +)`]) {
+      const div = document.createElement("div"); div.textContent = line; note.appendChild(div);
+    }
+  }
+
+  // -- events and status ---------------------------------------------------------------------------
+  function addEvent(ev) {
+    const li = document.createElement("li");
+    li.dataset.kind = ev.kind; li.dataset.pair = ev.pair.join("|");
+    const when = document.createElement("span"); when.className = "when"; when.textContent = fmtTime(ev.t_ns);
+    const kind = document.createElement("span"); kind.className = "kind"; kind.textContent = ev.kind;
+    const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`);
+    li.append(when, kind, what);
+    const list = $("events");
+    list.prepend(li);
+    while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+  }
+
+  function showStats(msg) {
+    const box = $("stats");
+    box.replaceChildren();
+    for (const [k, v] of Object.entries(msg)) {
+      if (k === "type") continue;
+      const span = document.createElement("span");
+      span.dataset.key = k;
+      const shown = typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(3) : String(v);
+      span.textContent = `${k.replaceAll("_", " ")} ${shown}`;
+      box.appendChild(span);
+    }
+  }
+
+  function tickAge() {
+    const s = st.snap;
+    $("age").textContent = s && s.wall_ns > 0 ? `age ${fmt(Math.max(0, Date.now() / 1e3 - s.wall_ns / 1e9), 1)} s` : "age –";
+  }
+  setInterval(tickAge, 500);
+
+  function setConn(state, text) { $("status").dataset.state = state; $("conn").textContent = text; }
+
+  // -- connection ----------------------------------------------------------------------------------
+  function connect() {
+    const url = new URL("ws", location.href);
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(url);
+    st.ws = ws;
+    ws.onopen = () => {
+      st.retryMs = 1000;
+      setConn("live", "● live");
+      $("events").replaceChildren(); // the server replays its recent events to every new connection
+    };
+    ws.onmessage = (m) => {
+      let msg;
+      try { msg = JSON.parse(m.data); } catch { return; }
+      if (msg.type === "snapshot") {
+        st.snap = msg;
+        $("seq").textContent = `seq ${msg.seq}`;
+        $("nch").textContent = `${msg.channels.length} channels`;
+        tickAge(); updateDetail(); queueRender();
+      } else if (msg.type === "event") addEvent(msg);
+      else if (msg.type === "stats") showStats(msg);
+    };
+    ws.onclose = () => {
+      const wait = st.retryMs * (0.75 + 0.5 * Math.random()); // jitter: many tabs do not reconnect in step
+      setConn("closed", `disconnected, retrying in ${(wait / 1000).toFixed(0)} s`);
+      st.retryMs = Math.min(st.retryMs * 2, 10000);
+      setTimeout(connect, wait);
+    };
+  }
+  connect();
+})();

@@ -1,0 +1,438 @@
+"""The live web view: one HTML page, a WebSocket of snapshots, events and stats, and a pair-detail API.
+
+Routes (mounted by :meth:`WebView.attach` on any aiohttp application):
+
+- ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
+- ``GET /ws``            JSON text messages, one per frame: ``{"type": "snapshot" | "event" | "stats", ...}``
+- ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
+
+Every client has its own bounded outbox: the newest snapshot and the newest stats replace unsent ones
+(a slow client skips frames, it never falls behind), events queue up to ``EVENT_QUEUE_LEN`` with the
+oldest dropped. Every drop is counted in :attr:`WebView.counters`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiohttp import WSMsgType, web
+
+from ..errors import ConfigError
+from .changes import ChangeEvent
+from .snapshot import Snapshot
+
+log = logging.getLogger("streamcorr.publish.web")
+
+__all__ = ["WebView", "WebViewCounters"]
+
+STATIC_DIR = Path(__file__).with_name("static")
+EVENT_QUEUE_LEN = 256  # per client: events are rare, so a full queue means the client is stuck
+RECENT_EVENTS = 50  # replayed to a client when it (re)connects, so its list is not empty
+SEND_TIMEOUT_S = 10.0  # a client that cannot take one frame in this long is disconnected
+MAX_TABLE_REQUESTS = 4  # table_fn calls running or waiting; more get 503 (each costs tens of ms of model time)
+
+TableFn = Callable[[str, str], np.ndarray | None]
+
+
+@dataclass
+class WebViewCounters:
+    """What the view did and dropped, for /metrics and the status line."""
+
+    clients: int = 0  # connected now
+    clients_total: int = 0
+    clients_rejected: int = 0  # over max_clients
+    clients_timed_out: int = 0  # dropped after SEND_TIMEOUT_S on one frame
+    messages_sent: int = 0
+    snapshots_dropped: int = 0  # replaced by a newer one before it was sent
+    stats_dropped: int = 0
+    events_dropped: int = 0  # outbox full: oldest dropped
+    bad_requests: int = 0  # /api/pair with missing or unknown names
+    table_errors: int = 0  # table_fn raised or returned something that is not a (G, G) array
+    table_busy: int = 0  # /api/pair answered 503: too many table computations at once
+
+
+class _RateLimitedLog:
+    """At most one warning per ``every_s`` per key; the rest are counted and summarised in the next one."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._suppressed: collections.Counter[str] = collections.Counter()
+
+    def warning(self, key: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -math.inf) < self.every_s:
+            self._suppressed[key] += 1
+            return
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        log.warning(msg + (f" ({skipped} similar suppressed)" if skipped else ""), *args)
+
+
+def _finite_list(a: np.ndarray, decimals: int) -> list[Any]:
+    """Nested lists of rounded floats, None where not finite (JSON has no NaN or inf)."""
+    rounded = np.round(np.asarray(a, dtype=np.float64), decimals)
+    finite = np.isfinite(rounded)
+    if finite.all():
+        return rounded.tolist()
+    obj = rounded.astype(object)
+    obj[~finite] = None
+    return obj.tolist()
+
+
+def snapshot_message(snap: Snapshot) -> dict[str, Any]:
+    """The WebSocket form of a snapshot: MI in nats (4 decimals), None for NaN (and for never-refreshed ages)."""
+    return {
+        "type": "snapshot",
+        "seq": snap.seq,
+        "t_ns": snap.t_ns,
+        "wall_ns": snap.wall_ns,
+        "channels": list(snap.channels),
+        "mi": _finite_list(snap.mi, 4),
+        "age_s": _finite_list(snap.age_s, 3),
+        "coverage": _finite_list(snap.coverage, 3),
+    }
+
+
+def event_message(ev: ChangeEvent) -> dict[str, Any]:
+    """The WebSocket form of a change event."""
+
+    def num(x: float) -> float | None:
+        return round(float(x), 4) if math.isfinite(x) else None
+
+    return {
+        "type": "event",
+        "pair": list(ev.pair),
+        "previous": num(ev.previous),
+        "current": num(ev.current),
+        "kind": ev.kind,
+        "t_ns": ev.t_ns,
+    }
+
+
+def _dumps(msg: dict[str, Any]) -> str:
+    return json.dumps(msg, separators=(",", ":"), allow_nan=False)
+
+
+class _Outbox:
+    """One client's bounded outbox: latest-only slots for snapshot and stats, a short FIFO for events."""
+
+    def __init__(self, counters: WebViewCounters) -> None:
+        self.counters = counters
+        self.snapshot: str | None = None
+        self.stats: str | None = None
+        self.events: collections.deque[str] = collections.deque()
+        self.ready = asyncio.Event()
+
+    def put_snapshot(self, text: str) -> None:
+        if self.snapshot is not None:
+            self.counters.snapshots_dropped += 1
+        self.snapshot = text
+        self.ready.set()
+
+    def put_stats(self, text: str) -> None:
+        if self.stats is not None:
+            self.counters.stats_dropped += 1
+        self.stats = text
+        self.ready.set()
+
+    def put_event(self, text: str) -> None:
+        if len(self.events) >= EVENT_QUEUE_LEN:
+            self.events.popleft()
+            self.counters.events_dropped += 1
+        self.events.append(text)
+        self.ready.set()
+
+    def take(self) -> list[str]:
+        """Everything pending, events first (they explain the snapshot that follows them)."""
+        out = list(self.events)
+        self.events.clear()
+        for text in (self.snapshot, self.stats):
+            if text is not None:
+                out.append(text)
+        self.snapshot = self.stats = None
+        self.ready.clear()
+        return out
+
+
+class _History:
+    """The last ``maxlen`` snapshots' MI matrices (float32), so any cell's history can be read back."""
+
+    def __init__(self, maxlen: int) -> None:
+        self.entries: collections.deque[tuple[int, tuple[str, ...], np.ndarray]] = collections.deque(maxlen=maxlen)
+        self._index: dict[tuple[str, ...], dict[str, int]] = {}
+
+    def add(self, snap: Snapshot) -> None:
+        self.entries.append((snap.t_ns, snap.channels, np.asarray(snap.mi, dtype=np.float32)))
+        if snap.channels not in self._index:
+            live = {chans for _, chans, _ in self.entries}
+            self._index = {k: v for k, v in self._index.items() if k in live}  # forget channel sets aged out
+            self._index[snap.channels] = {name: k for k, name in enumerate(snap.channels)}
+
+    def pair(self, a: str, b: str) -> tuple[list[int], list[float | None]]:
+        times: list[int] = []
+        values: list[float | None] = []
+        for t_ns, chans, mi in self.entries:
+            index = self._index[chans]
+            i, j = index.get(a), index.get(b)
+            if i is None or j is None:
+                continue
+            v = float(mi[i, j])
+            times.append(t_ns)
+            values.append(round(v, 4) if math.isfinite(v) else None)
+        return times, values
+
+    def known(self, name: str) -> bool:
+        return bool(self.entries) and name in self._index[self.entries[-1][1]]
+
+
+class WebView:
+    """A live browser view of the MI matrix, served by aiohttp.
+
+    Run it standalone (``async with WebView(port=0) as view: ...``, then open ``view.url``) or mount it on
+    the daemon's application with :meth:`attach`. ``publish_*`` are non-blocking and must be called from
+    the event loop that serves the view.
+
+    >>> import asyncio
+    >>> async def main():
+    ...     async with WebView(port=0) as view:
+    ...         view.publish_snapshot(Snapshot(1, 0, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]),
+    ...                                        np.zeros((2, 2)), np.ones((2, 2))))
+    ...         return view.url.startswith("http://127.0.0.1:"), view.pair_history("a", "b")
+    >>> asyncio.run(main())
+    (True, ([0], [0.5]))
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8050,
+        history_len: int = 300,
+        table_fn: TableFn | None = None,
+        max_clients: int = 16,
+    ) -> None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0 picks a free one); got {port}")
+        if history_len < 1:
+            raise ConfigError(f"history_len must be >= 1 snapshot; got {history_len}")
+        if max_clients < 1:
+            raise ConfigError(f"max_clients must be >= 1; got {max_clients}")
+        if table_fn is not None and not callable(table_fn):
+            raise ConfigError(f"table_fn must be callable (a, b) -> (G, G) array or None; got {table_fn!r}")
+        self.host = host
+        self.port = port
+        self.history_len = history_len
+        self.table_fn = table_fn
+        self.max_clients = max_clients
+        self.counters = WebViewCounters()
+        self._history = _History(history_len)
+        self._outboxes: dict[web.WebSocketResponse, _Outbox] = {}
+        self._latest_snapshot: Snapshot | None = None
+        self._latest_snapshot_text: str | None = None  # encoded lazily: no clients, no encoding
+        self._latest_stats_text: str | None = None
+        self._recent_events: collections.deque[str] = collections.deque(maxlen=RECENT_EVENTS)
+        self._table_requests = 0
+        self._runner: web.AppRunner | None = None
+        self._warn = _RateLimitedLog()
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running standalone server (after :meth:`start`)."""
+        if self._url is None:
+            raise RuntimeError("WebView is not serving standalone: call start() (or use it with `async with`)")
+        return self._url
+
+    # -- publishing (event loop) ----------------------------------------------------------------------
+    def publish_snapshot(self, snap: Snapshot) -> None:
+        """Record the snapshot in the history and hand it to every client (replacing any unsent one)."""
+        self._history.add(snap)
+        self._latest_snapshot = snap
+        self._latest_snapshot_text = None
+        if self._outboxes:
+            text = self._snapshot_text()
+            for box in self._outboxes.values():
+                box.put_snapshot(text)
+
+    def publish_event(self, ev: ChangeEvent) -> None:
+        """Hand a change event to every client; also kept among the recent events replayed on connect."""
+        text = _dumps(event_message(ev))
+        self._recent_events.append(text)
+        for box in self._outboxes.values():
+            box.put_event(text)
+
+    def publish_stats(self, stats: dict[str, Any]) -> None:
+        """Hand a flat dict of numbers and strings (rates, drops, ...) to every client's status line."""
+        try:
+            text = _dumps({"type": "stats", **stats})
+        except (TypeError, ValueError) as exc:  # not JSON-serialisable, or NaN: a caller bug, never a crash
+            self._warn.warning("stats", "stats not published: %s", exc)
+            return
+        self._latest_stats_text = text
+        for box in self._outboxes.values():
+            box.put_stats(text)
+
+    def pair_history(self, a: str, b: str) -> tuple[list[int], list[float | None]]:
+        """(t_ns, MI nats or None) of the pair over the snapshots kept, oldest first."""
+        return self._history.pair(a, b)
+
+    def _snapshot_text(self) -> str:
+        if self._latest_snapshot_text is None:
+            assert self._latest_snapshot is not None
+            self._latest_snapshot_text = _dumps(snapshot_message(self._latest_snapshot))
+        return self._latest_snapshot_text
+
+    # -- serving ----------------------------------------------------------------------------------------
+    def attach(self, app: web.Application) -> None:
+        """Mount ``/``, ``/ws``, ``/api/pair`` and ``/static/`` on ``app``; clients are closed on its shutdown."""
+        app.router.add_get("/", self._index)
+        app.router.add_get("/ws", self._ws)
+        app.router.add_get("/api/pair", self._pair)
+        app.router.add_static("/static/", STATIC_DIR, follow_symlinks=False)
+        app.on_shutdown.append(self._close_clients)
+
+    async def start(self) -> None:
+        """Serve on ``host:port`` (``port=0``: a free port); the bound address is in :attr:`url`."""
+        if self._runner is not None:
+            raise RuntimeError("WebView already started")
+        app = web.Application()
+        self.attach(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc} (pick another port, or 0)") from exc
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self._url = f"http://{host}:{self.port}"
+        log.info("web view on %s", self._url)
+
+    async def stop(self) -> None:
+        """Close every client and the listener."""
+        if self._runner is not None:
+            await self._runner.cleanup()  # runs on_shutdown -> _close_clients
+            self._runner = None
+            self._url = None
+
+    async def __aenter__(self) -> WebView:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _close_clients(self, _app: web.Application | None = None) -> None:
+        for ws in list(self._outboxes):
+            with contextlib.suppress(Exception):
+                await ws.close(code=1001, message=b"server shutting down")
+
+    async def _index(self, _request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def _ws(self, request: web.Request) -> web.StreamResponse:
+        if len(self._outboxes) >= self.max_clients:
+            self.counters.clients_rejected += 1
+            self._warn.warning(
+                "clients", "web view: client %s rejected, %d connected", request.remote, self.max_clients
+            )
+            return web.json_response({"error": f"too many clients (max_clients={self.max_clients})"}, status=503)
+        # Clients only listen: a small frame limit keeps a misbehaving one from costing memory. No deflate:
+        # it would compress every snapshot once per client on the engine's CPU.
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, compress=False)
+        await ws.prepare(request)
+        box = _Outbox(self.counters)
+        if self._latest_snapshot is not None:
+            box.put_snapshot(self._snapshot_text())
+        for text in self._recent_events:
+            box.put_event(text)
+        if self._latest_stats_text is not None:
+            box.put_stats(self._latest_stats_text)
+        self._outboxes[ws] = box
+        self.counters.clients = len(self._outboxes)
+        self.counters.clients_total += 1
+        sender = asyncio.create_task(self._send_loop(ws, box))
+        try:
+            async for msg in ws:  # reading keeps pings and close frames flowing; client text is ignored
+                if msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sender
+            self._outboxes.pop(ws, None)
+            self.counters.clients = len(self._outboxes)
+        return ws
+
+    async def _send_loop(self, ws: web.WebSocketResponse, box: _Outbox) -> None:
+        while not ws.closed:
+            await box.ready.wait()
+            for text in box.take():
+                try:
+                    await asyncio.wait_for(ws.send_str(text), SEND_TIMEOUT_S)
+                except TimeoutError:
+                    self.counters.clients_timed_out += 1
+                    self._warn.warning("timeout", "web view: client stuck for %.0f s, closing", SEND_TIMEOUT_S)
+                    await ws.close(code=1008, message=b"too slow")
+                    return
+                except (ConnectionError, RuntimeError):  # closed under us: the reader's finally cleans up
+                    return
+                self.counters.messages_sent += 1
+
+    async def _pair(self, request: web.Request) -> web.Response:
+        a, b = request.query.get("a"), request.query.get("b")
+        if not a or not b:
+            self.counters.bad_requests += 1
+            return web.json_response({"error": "give both channel names: /api/pair?a=NAME&b=NAME"}, status=400)
+        unknown = [name for name in (a, b) if not self._history.known(name)]
+        if unknown:
+            self.counters.bad_requests += 1
+            return web.json_response({"error": f"unknown channel(s) {unknown} in the latest snapshot"}, status=404)
+        times, values = self._history.pair(a, b)
+        body: dict[str, Any] = {"a": a, "b": b, "history": {"t_ns": times, "mi": values}, "table": None}
+        if self.table_fn is not None:
+            if self._table_requests >= MAX_TABLE_REQUESTS:
+                self.counters.table_busy += 1
+                return web.json_response({**body, "error": "table computations busy; retry"}, status=503)
+            self._table_requests += 1
+            try:
+                body.update(await self._table(a, b))
+            finally:
+                self._table_requests -= 1
+        return web.json_response(body, dumps=_dumps)
+
+    async def _table(self, a: str, b: str) -> dict[str, Any]:
+        assert self.table_fn is not None
+        try:
+            table = await asyncio.get_running_loop().run_in_executor(None, self.table_fn, a, b)
+        except Exception as exc:  # the model's problem must not take the page down; report it to the page
+            self.counters.table_errors += 1
+            self._warn.warning("table", "table_fn(%r, %r) failed: %r", a, b, exc)
+            return {"table_error": f"table_fn failed: {exc!r}"}
+        if table is None:
+            return {}
+        arr = np.asarray(table, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 2:
+            self.counters.table_errors += 1
+            self._warn.warning("table_shape", "table_fn(%r, %r) returned shape %s, not (G, G)", a, b, arr.shape)
+            return {"table_error": f"table_fn returned shape {arr.shape}; expected (G, G)"}
+        return {"table": _finite_list(arr, 4), "grid": arr.shape[0]}
+
+    def counters_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (for /metrics or a stats message)."""
+        return asdict(self.counters)

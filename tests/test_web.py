@@ -1,0 +1,455 @@
+"""The live web view: WebSocket JSON, the pair API, bounded outboxes, and the page in a real headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+from scipy.stats import norm
+
+from streamcorr.errors import ConfigError
+from streamcorr.publish.changes import ChangeEvent
+from streamcorr.publish.snapshot import Snapshot
+from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "web_view.png"
+T = TypeVar("T")
+
+
+def _snapshot(seq: int, channels: list[str], mi: np.ndarray, t_ns: int | None = None) -> Snapshot:
+    n = len(channels)
+    age = np.full((n, n), 0.5)
+    age[np.isnan(mi)] = np.inf
+    t = t_ns if t_ns is not None else seq * 1_000_000_000
+    return Snapshot(seq, t, time.time_ns(), tuple(channels), mi, age, np.where(np.isnan(mi), np.nan, 1.0))
+
+
+def _random_mi(rng: np.random.Generator, n: int) -> np.ndarray:
+    m = np.abs(rng.normal(0.05, 0.03, (n, n)))
+    m = (m + m.T) / 2
+    np.fill_diagonal(m, np.nan)
+    return m
+
+
+def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(asyncio.wait_for(coro_fn(), 20))
+
+
+async def _receive_json(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    while True:
+        msg = await asyncio.wait_for(ws.receive_json(), 5)
+        if msg["type"] == kind:
+            return msg
+
+
+# -- HTTP and WebSocket -------------------------------------------------------------------------------------
+def test_ws_pushes_snapshot_and_event_json() -> None:
+    """A connected client receives a snapshot (NaN and inf as null) and an event, as JSON text frames."""
+    rng = np.random.default_rng(1)
+    mi = _random_mi(rng, 3)
+
+    async def main() -> None:
+        async with WebView(port=0) as view, aiohttp.ClientSession() as http:
+            assert view.url.startswith("http://127.0.0.1:")
+            async with http.ws_connect(view.url + "/ws") as ws:
+                await asyncio.sleep(0.05)  # let the server register the client
+                view.publish_snapshot(_snapshot(7, ["a", "b", "c"], mi))
+                snap = await _receive_json(ws, "snapshot")
+                assert snap["seq"] == 7 and snap["t_ns"] == 7_000_000_000 and snap["channels"] == ["a", "b", "c"]
+                assert snap["mi"][0][0] is None and snap["age_s"][1][1] is None and snap["coverage"][2][2] is None
+                np.testing.assert_allclose(snap["mi"][0][1], mi[0, 1], atol=1e-4)
+                assert snap["age_s"][0][1] == 0.5 and snap["coverage"][0][1] == 1.0
+                view.publish_event(ChangeEvent(("a", "b"), 0.01, 0.8, 123, "became-dependent"))
+                ev = await _receive_json(ws, "event")
+                assert ev == {"type": "event", "pair": ["a", "b"], "previous": 0.01, "current": 0.8,
+                              "kind": "became-dependent", "t_ns": 123}  # fmt: skip
+                view.publish_stats({"hops_per_s": 2.5, "snapshots_dropped": 0})
+                stats = await _receive_json(ws, "stats")
+                assert stats == {"type": "stats", "hops_per_s": 2.5, "snapshots_dropped": 0}
+            assert view.counters.messages_sent >= 3
+
+    _run(main)
+
+
+def test_api_pair_returns_history_and_table() -> None:
+    """/api/pair returns the pair's MI over the snapshots seen (bounded to history_len) and table_fn's array."""
+    rng = np.random.default_rng(2)
+    table = rng.standard_normal((8, 8))
+    calls: list[tuple[str, str]] = []
+
+    def table_fn(a: str, b: str) -> np.ndarray | None:
+        calls.append((a, b))
+        return table if (a, b) == ("x", "y") else None
+
+    async def main() -> None:
+        async with WebView(port=0, history_len=4, table_fn=table_fn) as view, aiohttp.ClientSession() as http:
+            values = []
+            for seq in range(1, 7):
+                mi = _random_mi(rng, 3)
+                mi[0, 2] = mi[2, 0] = np.nan if seq == 5 else mi[0, 2]
+                values.append(mi[0, 1])
+                view.publish_snapshot(_snapshot(seq, ["x", "y", "z"], mi))
+            async with http.get(view.url + "/api/pair", params={"a": "x", "b": "y"}) as r:
+                assert r.status == 200
+                body = await r.json()
+            assert body["history"]["t_ns"] == [k * 1_000_000_000 for k in (3, 4, 5, 6)]
+            np.testing.assert_allclose(body["history"]["mi"], values[2:], atol=1e-4)
+            assert body["grid"] == 8
+            np.testing.assert_allclose(np.array(body["table"]), table, atol=1e-4)
+            async with http.get(view.url + "/api/pair", params={"a": "x", "b": "z"}) as r:
+                body = await r.json()
+            assert body["table"] is None and body["history"]["mi"][2] is None  # seq 5 had no estimate
+            assert calls == [("x", "y"), ("x", "z")]
+
+    _run(main)
+
+
+def test_api_pair_reports_bad_requests_and_table_failures() -> None:
+    """Missing or unknown names get 400/404; a failing or misshapen table_fn gives a table_error, never a 500."""
+    rng = np.random.default_rng(3)
+
+    def table_fn(a: str, b: str) -> np.ndarray | None:
+        if a == "a":
+            raise RuntimeError("model not loaded")
+        return np.zeros((3, 4))
+
+    async def main() -> None:
+        async with WebView(port=0, table_fn=table_fn) as view, aiohttp.ClientSession() as http:
+            view.publish_snapshot(_snapshot(1, ["a", "b", "c"], _random_mi(rng, 3)))
+            url = view.url + "/api/pair"
+            async with http.get(url, params={"a": "a"}) as r:
+                assert r.status == 400 and "a=NAME&b=NAME" in (await r.json())["error"]
+            async with http.get(url, params={"a": "a", "b": "nope"}) as r:
+                assert r.status == 404 and "nope" in (await r.json())["error"]
+            async with http.get(url, params={"a": "a", "b": "b"}) as r:
+                body = await r.json()
+                assert r.status == 200 and body["table"] is None and "model not loaded" in body["table_error"]
+                assert len(body["history"]["mi"]) == 1
+            async with http.get(url, params={"a": "b", "b": "c"}) as r:
+                body = await r.json()
+                assert r.status == 200 and "(3, 4)" in body["table_error"]
+            assert view.counters.bad_requests == 2 and view.counters.table_errors == 2
+
+    _run(main)
+
+
+def test_slow_client_gets_only_newest_snapshot() -> None:
+    """Snapshots published faster than a client reads replace the unsent one: it gets the newest, drops counted."""
+    rng = np.random.default_rng(4)
+
+    async def main() -> None:
+        async with WebView(port=0) as view, aiohttp.ClientSession() as http:
+            async with http.ws_connect(view.url + "/ws") as ws:
+                await asyncio.sleep(0.05)
+                for seq in range(1, 11):  # no await in between: the sender never gets to run
+                    view.publish_snapshot(_snapshot(seq, ["a", "b"], _random_mi(rng, 2)))
+                for k in range(EVENT_QUEUE_LEN + 5):
+                    view.publish_event(ChangeEvent(("a", "b"), 0.0, float(k), k, "rise"))
+                first = await asyncio.wait_for(ws.receive_json(), 5)
+                assert first["type"] == "event" and first["t_ns"] == 5  # the oldest five were dropped
+                for _ in range(EVENT_QUEUE_LEN - 1):
+                    assert (await asyncio.wait_for(ws.receive_json(), 5))["type"] == "event"
+                snap = await _receive_json(ws, "snapshot")
+                assert snap["seq"] == 10
+            assert view.counters.snapshots_dropped == 9 and view.counters.events_dropped == 5
+
+    _run(main)
+
+
+def test_late_client_gets_latest_state_and_recent_events() -> None:
+    """A client connecting after publishing gets the latest snapshot, the recent events and the latest stats."""
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        async with WebView(port=0) as view, aiohttp.ClientSession() as http:
+            view.publish_snapshot(_snapshot(1, ["a", "b"], _random_mi(rng, 2)))
+            view.publish_snapshot(_snapshot(2, ["a", "b"], _random_mi(rng, 2)))
+            view.publish_event(ChangeEvent(("a", "b"), 0.0, 0.5, 1, "became-dependent"))
+            view.publish_stats({"rate": 1.0})
+            async with http.ws_connect(view.url + "/ws") as ws:
+                kinds = [(await asyncio.wait_for(ws.receive_json(), 5)) for _ in range(3)]
+            assert [m["type"] for m in kinds] == ["event", "snapshot", "stats"]
+            assert kinds[1]["seq"] == 2
+            assert view.counters.snapshots_dropped == 0  # nothing is encoded or queued while nobody listens
+
+    _run(main)
+
+
+def test_clients_over_limit_are_rejected_and_counted() -> None:
+    """With max_clients=1 a second WebSocket gets HTTP 503 and the rejection is counted."""
+    np.random.default_rng(6)
+
+    async def main() -> None:
+        async with WebView(port=0, max_clients=1) as view, aiohttp.ClientSession() as http:
+            async with http.ws_connect(view.url + "/ws"):
+                await asyncio.sleep(0.05)
+                with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
+                    await http.ws_connect(view.url + "/ws")
+                assert exc.value.status == 503
+            assert view.counters.clients_rejected == 1
+            await asyncio.sleep(0.05)
+            assert view.counters.clients == 0
+
+    _run(main)
+
+
+def test_bad_stats_and_config_are_reported_not_crashed() -> None:
+    """Unserialisable or NaN stats are dropped with a warning; bad constructor values raise ConfigError."""
+    np.random.default_rng(7)
+    view = WebView(port=0)
+    view.publish_stats({"x": object()})
+    view.publish_stats({"x": float("nan")})
+    assert view._latest_stats_text is None
+    for kw in ({"port": -1}, {"history_len": 0}, {"max_clients": 0}, {"table_fn": 3}):
+        with pytest.raises(ConfigError):
+            WebView(**kw)  # type: ignore[arg-type]
+
+
+def test_attach_mounts_on_existing_app_and_page_is_offline() -> None:
+    """attach() adds the view beside the daemon's own routes; the page and its assets reference nothing external."""
+    np.random.default_rng(8)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        view = WebView()
+        view.attach(app)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(base + "/healthz") as r:
+                    assert await r.text() == "ok"
+                texts = []
+                for path in ("/", "/static/app.js", "/static/app.css"):
+                    async with http.get(base + path) as r:
+                        assert r.status == 200, path
+                        texts.append(await r.text())
+                assert '<canvas id="heatmap"' in texts[0]
+                for text in texts:
+                    assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # no CDN, works offline
+                    assert "https://" not in text and "http://" not in text
+                async with http.ws_connect(base + "/ws") as ws:
+                    await asyncio.sleep(0.05)
+                    assert view.counters.clients == 1
+                    await runner.cleanup()  # the app's shutdown closes the view's clients
+                    msg = await asyncio.wait_for(ws.receive(), 5)
+                    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        finally:
+            await runner.cleanup()
+
+    _run(main)
+
+
+# -- the page in a real browser ------------------------------------------------------------------------------
+class _ViewThread:
+    """A WebView served from its own event loop in a background thread (playwright's sync API owns the test's)."""
+
+    def __init__(self, view: WebView) -> None:
+        self.view = view
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)  # type: ignore[arg-type]
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        async def wrapper() -> None:
+            fn(*args)
+
+        self.run(wrapper())
+
+    def close(self) -> None:
+        self.run(self.view.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """A headless Debian Chromium driven by playwright; skip with the reason where missing, fail under CI=true."""
+    reason = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        reason = "the playwright Python package is not installed (pip install playwright)"
+    if reason is None and not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with sync_playwright() as pw:
+        # playwright passes --no-sandbox by default (chromium_sandbox=False), which Chromium needs as root
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+ARM_CHANNELS = [
+    "arm.j1.gyro", "arm.j1.torque", "arm.j2.gyro", "arm.j2.torque", "arm.j3.gyro", "arm.j3.torque",
+    "base.imu.ax", "base.imu.gz", "gripper.force", "gripper.pos", "mains.current", "cabinet.temp",
+]  # fmt: skip
+STRONG = {("arm.j1.gyro", "arm.j2.gyro"): 1.3, ("arm.j2.torque", "arm.j3.torque"): 0.9,
+          ("gripper.force", "arm.j3.torque"): 0.6, ("mains.current", "arm.j1.torque"): 0.45}  # fmt: skip
+
+
+def _arm_mi(rng: np.random.Generator, drift: float) -> np.ndarray:
+    idx = {c: k for k, c in enumerate(ARM_CHANNELS)}
+    mi = _random_mi(rng, len(ARM_CHANNELS))
+    for (a, b), v in STRONG.items():
+        mi[idx[a], idx[b]] = mi[idx[b], idx[a]] = v + drift + rng.normal(0, 0.02)
+    k = idx["cabinet.temp"]  # a slow channel with no estimate yet: grey cells
+    mi[k, :] = mi[:, k] = np.nan
+    return mi
+
+
+def _gaussian_theta(a: str, b: str) -> np.ndarray | None:
+    """θ of a Gaussian copula with the pair's strength: the log density ratio on a 64-node rank grid, clipped
+    to ±5 nats like the shipped model's tables (whose tails are bounded by what one window can show)."""
+    if "cabinet.temp" in (a, b):
+        return None
+    mi = STRONG.get((a, b), STRONG.get((b, a), 0.03))
+    rho = np.sqrt(1 - np.exp(-2 * mi))  # Gaussian MI = -0.5 log(1 - rho^2)
+    z = norm.ppf((np.arange(64) + 0.5) / 64)
+    x, y = np.meshgrid(z, z, indexing="ij")  # (G, G)
+    log_ratio = -0.5 * np.log(1 - rho**2) - (rho**2 * (x**2 + y**2) - 2 * rho * x * y) / (2 * (1 - rho**2))
+    return np.clip(log_ratio, -5.0, 5.0)
+
+
+def test_page_updates_live_in_chromium(chromium: Any) -> None:
+    """In headless Chromium the heatmap follows snapshots, events list newest first, hover shows the pair's
+    detail and table, the page reconnects after the server restarts; a screenshot goes to bench/results."""
+    rng = np.random.default_rng(9)
+    served = _ViewThread(WebView(port=0, table_fn=_gaussian_theta))
+    page = chromium.new_page(viewport={"width": 1280, "height": 820})
+    try:
+        view = served.view
+        served.run(view.start())
+        t0 = time.time_ns() - 60_000_000_000
+        seq = 0
+
+        def publish(drift: float = 0.0) -> np.ndarray:
+            nonlocal seq
+            seq += 1
+            mi = _arm_mi(rng, drift)
+            served.call(view.publish_snapshot, _snapshot(seq, ARM_CHANNELS, mi, t0 + seq * 2_000_000_000))
+            return mi
+
+        for k in range(20):  # some history before the page opens
+            publish(0.1 * np.sin(k / 3))
+        page.goto(view.url + "/")
+        page.wait_for_selector("#heatmap[data-seq='20']", timeout=5000)
+        assert page.inner_text("#nch") == "12 channels"
+
+        i, j = ARM_CHANNELS.index("arm.j1.gyro"), ARM_CHANNELS.index("arm.j2.gyro")
+        color_js = """([i, j]) => {
+            const c = document.getElementById('heatmap'), d = c.dataset, r = window.devicePixelRatio || 1;
+            const x = (+d.x0 + (j + 0.5) * +d.cell) * r, y = (+d.y0 + (i + 0.5) * +d.cell) * r;
+            return Array.from(c.getContext('2d').getImageData(Math.floor(x) - 8, Math.floor(y), 1, 1).data);
+        }"""  # sampled left of the centre, away from the number drawn in the cell
+        strong = page.evaluate(color_js, [i, j])
+        weak = page.evaluate(color_js, [0, ARM_CHANNELS.index("base.imu.ax")])
+        grey = page.evaluate(color_js, [0, ARM_CHANNELS.index("cabinet.temp")])
+        assert strong != weak and grey[:3] == [0x4A, 0x50, 0x5A]  # NaN cells are the fixed grey
+
+        mi = _arm_mi(rng, 0.0)
+        mi[i, j] = mi[j, i] = 0.02  # the strong pair collapses: its cell must recolour
+        seq += 1
+        served.call(view.publish_snapshot, _snapshot(seq, ARM_CHANNELS, mi, t0 + seq * 2_000_000_000))
+        page.wait_for_selector(f"#heatmap[data-seq='{seq}']", timeout=5000)
+        assert page.evaluate(color_js, [i, j]) != strong
+
+        ev_t = t0 + seq * 2_000_000_000
+        served.call(
+            view.publish_event, ChangeEvent(("arm.j1.gyro", "arm.j2.gyro"), 1.3, 0.02, ev_t, "became-independent")
+        )
+        served.call(view.publish_event, ChangeEvent(("gripper.force", "arm.j3.torque"), 0.6, 0.95, ev_t, "rise"))
+        page.wait_for_selector("#events li[data-kind='rise']", timeout=5000)
+        items = page.locator("#events li")
+        assert items.count() == 2
+        assert "gripper.force × arm.j3.torque" in items.nth(0).inner_text()  # newest first
+        assert "became-independent" in items.nth(1).inner_text()
+
+        a, b = "arm.j2.torque", "arm.j3.torque"
+        ia, ib = ARM_CHANNELS.index(a), ARM_CHANNELS.index(b)
+        geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
+        box = page.locator("#heatmap").bounding_box()
+        page.mouse.move(
+            box["x"] + geo["x0"] + (ib + 0.5) * geo["cell"], box["y"] + geo["y0"] + (ia + 0.5) * geo["cell"]
+        )
+        page.wait_for_selector(f"#table[data-pair='{a}|{b}'][data-grid='64']", timeout=5000)
+        assert page.inner_text("#detail-pair") == f"{a} × {b}"
+        assert page.inner_text("#detail-mi") == f"{round(mi[ia, ib], 4):.3f} nats"
+        assert int(page.get_attribute("#spark", "data-points") or 0) == seq  # the view's history, all kept
+        assert f"rank of {a}" in page.inner_text("#table-note")
+
+        served.run(view.stop())  # the server goes away: the page says so, then reconnects by itself
+        page.wait_for_selector("#status[data-state='closed']", timeout=5000)
+        served.run(view.start())  # same port: start() recorded the one it bound
+        page.wait_for_selector("#status[data-state='live']", timeout=8000)
+        for k in range(3):
+            publish(0.05 * k)
+        for pair, previous, current, dt_s in [(("mains.current", "arm.j1.torque"), 0.05, 0.45, 0),
+                                              (("arm.j1.gyro", "arm.j2.gyro"), 0.02, 1.3, 6)]:  # fmt: skip
+            ev = ChangeEvent(pair, previous, current, ev_t + dt_s * 1_000_000_000, "became-dependent")
+            served.call(view.publish_event, ev)
+        served.call(view.publish_stats, {"hops_per_s": 1.0, "pairs_per_s": 66.0, "snapshots_dropped": 0, "clients": 1})
+        page.wait_for_selector(f"#heatmap[data-seq='{seq}']", timeout=5000)
+        page.wait_for_selector("#stats span[data-key='pairs_per_s']", timeout=5000)
+        assert page.locator("#events li").count() == 4  # replayed on reconnect (2) plus the two new ones
+        page.mouse.move(0, 0)  # the detail stays on the last hovered pair
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+    finally:
+        page.close()
+        with contextlib.suppress(Exception):
+            served.close()
+
+
+def test_page_renders_64_channels_quickly(chromium: Any) -> None:
+    """With 64 channels (2016 pairs) the page renders each snapshot in well under the 1 s snapshot period."""
+    rng = np.random.default_rng(10)
+    channels = [f"cell{k // 8}.j{k % 8}.gyro" for k in range(64)]
+    served = _ViewThread(WebView(port=0))
+    page = chromium.new_page(viewport={"width": 1280, "height": 1000})
+    try:
+        served.run(served.view.start())
+        served.call(served.view.publish_snapshot, _snapshot(1, channels, _random_mi(rng, 64)))
+        page.goto(served.view.url + "/")
+        page.wait_for_selector("#heatmap[data-seq='1'][data-n='64']", timeout=5000)
+        render_ms = []
+        for seq in range(2, 12):
+            served.call(served.view.publish_snapshot, _snapshot(seq, channels, _random_mi(rng, 64)))
+            page.wait_for_selector(f"#heatmap[data-seq='{seq}']", timeout=5000)
+            render_ms.append(float(page.get_attribute("#heatmap", "data-render-ms") or "nan"))
+        assert int(page.get_attribute("#heatmap", "data-cell") or 0) >= 6  # every cell is still visible
+        # 250 ms: a quarter of the snapshot period, loose for a shared 2-core machine (typically ~10 ms)
+        assert max(render_ms) < 250, render_ms
+    finally:
+        page.close()
+        with contextlib.suppress(Exception):
+            served.close()
