@@ -1,0 +1,396 @@
+"""The wire format of published messages: one versioned msgpack map per snapshot, event or status.
+
+Every message is a msgpack map; any msgpack library can read it. Readers must ignore keys they do not
+know (new optional keys do not change ``v``); ``v`` changes only when a reader of the old version would
+misread a message.
+
+| field          | type                        | meaning                                                            |
+|----------------|-----------------------------|--------------------------------------------------------------------|
+| `v`            | int                         | schema version: 1                                                  |
+| `kind`         | str                         | `"snapshot"`, `"event"` or `"status"`                              |
+| `seq`          | uint                        | +1 per message sent on the topic; a jump means lost messages       |
+| `t_ns`         | int (nil in a status)       | stream time, ns (snapshot: end of the newest window)               |
+| `wall_ns`      | int                         | wall clock, Unix ns, when the snapshot was made / message encoded  |
+| *snapshot:*    |                             |                                                                    |
+| `snapshot_seq` | uint                        | the engine's own snapshot counter                                  |
+| `channels`     | list of str                 | channel names in matrix order (N of them)                          |
+| `mi`           | matrix                      | MI, nats; NaN: never evaluated                                     |
+| `age_s`        | matrix                      | seconds (stream time) since the cell was refreshed; inf: never     |
+| `coverage`     | matrix                      | fraction of the window where both channels had data; NaN: never    |
+| `pairs`        | list of `[i, j, mi]` (opt.) | cells with i < j, largest MI first, after top-k / threshold        |
+| *event:*       |                             |                                                                    |
+| `pair`         | `[str, str]`                | the two channels                                                   |
+| `change`       | str                         | `"rise"`, `"fall"`, `"became-dependent"` or `"became-independent"` |
+| `previous`     | float                       | last reported MI of the pair, nats                                 |
+| `current`      | float                       | MI now, nats                                                       |
+| *status:*      |                             |                                                                    |
+| `state`        | str                         | `"online"` or `"offline"`                                          |
+| `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
+
+A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 bytes>}``: row-major,
+little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. A `seq` lower
+than the last one seen means the publisher restarted. Snapshots sent with ``pairs_only`` (on the
+``{prefix}/pairs`` topic) carry `pairs` and no matrices.
+
+Decoding without streamcorr (Python here; any language with msgpack and a float32 view reads the same)::
+
+    import msgpack, numpy as np
+    m = msgpack.unpackb(payload, raw=False)
+    assert m["v"] == 1, "unknown envelope version"
+    if m["kind"] == "snapshot":
+        n = len(m["channels"])
+        mi = np.frombuffer(m["mi"]["data"], dtype=m["mi"]["dtype"]).reshape(m["mi"]["shape"])
+        for i, j, value in m.get("pairs", []):
+            print(m["channels"][i], m["channels"][j], value)
+    elif m["kind"] == "event":
+        print(m["pair"], m["change"], m["previous"], "->", m["current"])
+
+Round trip with streamcorr:
+
+>>> import numpy as np
+>>> snap = Snapshot(7, 10**9, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]),
+...                 np.full((2, 2), np.inf), np.ones((2, 2)))
+>>> msg = decode_message(encode_snapshot(snap, seq=3, top_k=1))
+>>> msg.kind, msg.seq, msg.body.seq, float(msg.body.mi[0, 1]), msg.pairs
+('snapshot', 3, 7, 0.5, ((0, 1, 0.5),))
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+import msgpack
+import numpy as np
+
+from ..errors import ConfigError, InputError
+from .changes import ChangeEvent, EventKind
+from .snapshot import Snapshot
+
+__all__ = [
+    "MAX_ENVELOPE_BYTES",
+    "STREAMS",
+    "VERSION",
+    "EnvelopeError",
+    "Message",
+    "Status",
+    "decode",
+    "decode_message",
+    "encode_event",
+    "encode_snapshot",
+    "encode_status",
+    "select_pairs",
+    "topic",
+]
+
+VERSION = 1
+MAX_ENVELOPE_BYTES = 64 * 2**20  # larger payloads are refused unread (a 2,000-channel snapshot is ~48 MiB)
+STREAMS = ("snapshot", "event", "status", "pairs")  # topic suffixes: {prefix}/{stream}
+
+Kind = Literal["snapshot", "event", "status"]
+StatusState = Literal["online", "offline"]
+_MATRIX_DTYPE = "<f4"  # float32 keeps NaN and inf, halves the bytes; MI needs no more than ~7 digits
+_READ_DTYPES = ("<f4", "<f8")
+_CHANGES = frozenset(get_args(EventKind))
+_UINT64_MAX = 2**64 - 1
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class EnvelopeError(InputError):
+    """A payload is not a valid streamcorr envelope (garbage, unknown version, missing or mistyped field)."""
+
+
+@dataclass(frozen=True)
+class Status:
+    """A publisher's state and counters, as published on ``{prefix}/status``."""
+
+    state: StatusState
+    counters: Mapping[str, int | float] = field(default_factory=dict)
+    t_ns: int | None = None  # stream time, when the publisher knows one
+    wall_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded envelope: the body plus the fields of the envelope itself.
+
+    ``pairs`` holds the ``[i, j, mi]`` list when the snapshot carried one (None otherwise). A pairs-only
+    snapshot decodes to a ``Snapshot`` whose ``mi`` has those cells (NaN elsewhere) and whose ``age_s``
+    and ``coverage`` are all NaN (not sent).
+    """
+
+    kind: Kind
+    seq: int
+    body: Snapshot | ChangeEvent | Status
+    wall_ns: int
+    version: int = VERSION
+    pairs: tuple[tuple[int, int, float], ...] | None = None
+
+
+def topic(prefix: str, stream: str) -> str:
+    """The topic of one stream, e.g. ``topic("streamcorr", "snapshot") == "streamcorr/snapshot"``."""
+    if stream not in STREAMS:
+        raise ConfigError(f"stream must be one of {STREAMS}; got {stream!r}")
+    return f"{check_prefix(prefix)}/{stream}"
+
+
+def check_prefix(prefix: str) -> str:
+    if not isinstance(prefix, str) or not prefix or prefix.endswith("/") or any(c in prefix for c in "+#\0"):
+        raise ConfigError(f"prefix must be a non-empty topic without '+', '#' or a trailing '/'; got {prefix!r}")
+    return prefix
+
+
+def _check_seq(seq: object) -> int:
+    if isinstance(seq, bool) or not isinstance(seq, numbers.Integral) or not 0 <= int(seq) <= _UINT64_MAX:
+        raise InputError(f"seq must be an unsigned 64-bit integer; got {seq!r}")
+    return int(seq)
+
+
+def _check_pair_selection(top_k: int | None, threshold: float | None) -> None:
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise ConfigError(f"top_k must be a positive integer or None; got {top_k!r}")
+    if threshold is not None and not (isinstance(threshold, numbers.Real) and math.isfinite(threshold)):
+        raise ConfigError(f"threshold must be a finite number of nats or None; got {threshold!r}")
+
+
+def select_pairs(mi: np.ndarray, *, top_k: int | None = None, threshold: float | None = None) -> np.ndarray:
+    """Upper-triangle cells (i < j) with finite MI >= threshold, largest first, at most top_k: (P, 2) ints.
+
+    >>> select_pairs(np.array([[0, 0.2, 0.9], [0.2, 0, 0.4], [0.9, 0.4, 0]]), top_k=2).tolist()
+    [[0, 2], [1, 2]]
+    """
+    _check_pair_selection(top_k, threshold)
+    i, j = np.triu_indices(mi.shape[0], k=1)
+    values = mi[i, j]
+    keep = np.isfinite(values)
+    if threshold is not None:
+        keep &= values >= threshold
+    i, j, values = i[keep], j[keep], values[keep]
+    order = np.lexsort((j, i, -values))  # largest MI first; ties by (i, j) so the order is deterministic
+    if top_k is not None:
+        order = order[:top_k]
+    return np.stack([i[order], j[order]], axis=1)
+
+
+def _matrix(a: np.ndarray, n: int, name: str) -> dict[str, Any]:
+    arr = np.asarray(a)
+    if arr.shape != (n, n):
+        raise InputError(f"snapshot.{name} must have shape ({n}, {n}) for {n} channels; got {arr.shape}")
+    return {"dtype": _MATRIX_DTYPE, "shape": [n, n], "data": np.ascontiguousarray(arr, dtype=_MATRIX_DTYPE).tobytes()}
+
+
+def encode_snapshot(
+    snap: Snapshot,
+    *,
+    seq: int | None = None,
+    top_k: int | None = None,
+    threshold: float | None = None,
+    pairs_only: bool = False,
+) -> bytes:
+    """The envelope of a snapshot; ``seq`` defaults to the snapshot's own. With ``top_k`` and/or
+    ``threshold`` a ``pairs`` list is added; ``pairs_only`` leaves the matrices out."""
+    _check_pair_selection(top_k, threshold)
+    if pairs_only and top_k is None and threshold is None:
+        raise ConfigError("pairs_only needs top_k and/or threshold (otherwise the message would be empty)")
+    channels = [str(c) for c in snap.channels]
+    n = len(channels)
+    msg: dict[str, Any] = {
+        "v": VERSION,
+        "kind": "snapshot",
+        "seq": _check_seq(snap.seq if seq is None else seq),
+        "t_ns": int(snap.t_ns),
+        "wall_ns": int(snap.wall_ns),
+        "snapshot_seq": _check_seq(snap.seq),
+        "channels": channels,
+    }
+    mi32 = np.asarray(snap.mi, dtype=np.float32)
+    if not pairs_only:
+        msg["mi"] = _matrix(mi32, n, "mi")
+        msg["age_s"] = _matrix(snap.age_s, n, "age_s")
+        msg["coverage"] = _matrix(snap.coverage, n, "coverage")
+    elif mi32.shape != (n, n):
+        raise InputError(f"snapshot.mi must have shape ({n}, {n}) for {n} channels; got {mi32.shape}")
+    if top_k is not None or threshold is not None:
+        # the float32 value, so that a pair and its matrix cell are the same number
+        picked = select_pairs(mi32, top_k=top_k, threshold=threshold).tolist()
+        msg["pairs"] = [[i, j, float(mi32[i, j])] for i, j in picked]
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def encode_event(ev: ChangeEvent, *, seq: int, wall_ns: int | None = None) -> bytes:
+    """The envelope of a change event."""
+    if ev.kind not in _CHANGES:
+        raise InputError(f"event kind must be one of {sorted(_CHANGES)}; got {ev.kind!r}")
+    msg = {
+        "v": VERSION,
+        "kind": "event",
+        "seq": _check_seq(seq),
+        "t_ns": int(ev.t_ns),
+        "wall_ns": time.time_ns() if wall_ns is None else int(wall_ns),
+        "pair": [str(ev.pair[0]), str(ev.pair[1])],
+        "change": ev.kind,
+        "previous": float(ev.previous),
+        "current": float(ev.current),
+    }
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def encode_status(
+    state: str, counters: Mapping[str, float | int], *, seq: int, t_ns: int | None = None, wall_ns: int | None = None
+) -> bytes:
+    """The envelope of a status message; counter values must be numbers (numpy scalars are fine)."""
+    if state not in ("online", "offline"):
+        raise InputError(f"status state must be 'online' or 'offline'; got {state!r}")
+    clean: dict[str, int | float] = {}
+    for key, value in counters.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise InputError(f"status counters map names to numbers; got {key!r}: {value!r}")
+        clean[key] = int(value) if isinstance(value, numbers.Integral) else float(value)
+    msg = {
+        "v": VERSION,
+        "kind": "status",
+        "seq": _check_seq(seq),
+        "t_ns": None if t_ns is None else int(t_ns),
+        "wall_ns": time.time_ns() if wall_ns is None else int(wall_ns),
+        "state": state,
+        "counters": clean,
+    }
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+# -- decoding: every check raises EnvelopeError naming the field -----------------------------------------
+def _get(m: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    if key not in m:
+        raise EnvelopeError(f"{what} envelope has no {key!r} field")
+    value = m[key]
+    if isinstance(value, bool) or not isinstance(value, kinds):  # no field is a bool
+        names = "/".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        raise EnvelopeError(f"{what} field {key!r} has type {type(value).__name__}; expected {names}")
+    return value
+
+
+def _int(m: Mapping[str, Any], key: str, what: str, lo: int = _INT64[0], hi: int = _INT64[1]) -> int:
+    value: int = _get(m, key, int, what)
+    if not lo <= value <= hi:
+        raise EnvelopeError(f"{what} field {key!r} = {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def _decode_matrix(m: Mapping[str, Any], key: str, n: int) -> np.ndarray:
+    spec = _get(m, key, dict, "snapshot")
+    dtype = spec.get("dtype")
+    if dtype not in _READ_DTYPES:
+        raise EnvelopeError(f"snapshot matrix {key!r} has dtype {dtype!r}; this reader knows {_READ_DTYPES}")
+    if spec.get("shape") != [n, n]:
+        raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
+    data = spec.get("data")
+    itemsize = np.dtype(dtype).itemsize
+    if not isinstance(data, bytes) or len(data) != n * n * itemsize:
+        size = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise EnvelopeError(f"snapshot matrix {key!r} data must be {n * n * itemsize} bytes; got {size}")
+    with np.errstate(invalid="ignore"):  # a signalling NaN on the wire stays a NaN, without a warning
+        return np.frombuffer(data, dtype=dtype).reshape(n, n).astype(np.float64)
+
+
+def _decode_pairs(raw: Any, n: int) -> tuple[tuple[int, int, float], ...]:
+    if not isinstance(raw, list):
+        raise EnvelopeError(f"snapshot field 'pairs' must be a list; got {type(raw).__name__}")
+    out = []
+    for entry in raw:
+        ok = isinstance(entry, list) and len(entry) == 3
+        ok = ok and all(type(x) is int and 0 <= x < n for x in entry[:2])
+        ok = ok and type(entry[2]) in (int, float)
+        if not ok:
+            raise EnvelopeError(f"snapshot pairs entries must be [i, j, mi] with 0 <= i, j < {n}; got {entry!r}")
+        out.append((entry[0], entry[1], float(entry[2])))
+    return tuple(out)
+
+
+def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
+    channels = _get(m, "channels", list, "snapshot")
+    if not all(isinstance(c, str) for c in channels):
+        raise EnvelopeError("snapshot field 'channels' must be a list of strings")
+    if len(set(channels)) != len(channels):
+        raise EnvelopeError("snapshot field 'channels' has duplicate names")
+    n = len(channels)
+    pairs = _decode_pairs(m["pairs"], n) if "pairs" in m else None
+    if "mi" in m:
+        mi, age_s, coverage = (_decode_matrix(m, key, n) for key in ("mi", "age_s", "coverage"))
+    elif pairs is not None:
+        mi = np.full((n, n), np.nan)
+        for i, j, value in pairs:
+            mi[i, j] = mi[j, i] = value
+        age_s, coverage = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    else:
+        raise EnvelopeError("snapshot envelope has neither matrices ('mi') nor 'pairs'")
+    snap = Snapshot(
+        seq=_int(m, "snapshot_seq", "snapshot", 0, _UINT64_MAX),
+        t_ns=_int(m, "t_ns", "snapshot"),
+        wall_ns=wall_ns,
+        channels=tuple(channels),
+        mi=mi,
+        age_s=age_s,
+        coverage=coverage,
+    )
+    return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
+
+
+def _decode_event(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
+    pair = _get(m, "pair", list, "event")
+    if len(pair) != 2 or not all(isinstance(c, str) for c in pair):
+        raise EnvelopeError(f"event field 'pair' must be two channel names; got {pair!r}")
+    change = _get(m, "change", str, "event")
+    if change not in _CHANGES:
+        raise EnvelopeError(f"event field 'change' must be one of {sorted(_CHANGES)}; got {change!r}")
+    previous = float(_get(m, "previous", (int, float), "event"))
+    current = float(_get(m, "current", (int, float), "event"))
+    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change)
+    return Message("event", seq, ev, wall_ns)
+
+
+def _decode_status(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
+    state = _get(m, "state", str, "status")
+    if state not in ("online", "offline"):
+        raise EnvelopeError(f"status field 'state' must be 'online' or 'offline'; got {state!r}")
+    counters = _get(m, "counters", dict, "status")
+    if not all(isinstance(k, str) and type(v) in (int, float) for k, v in counters.items()):
+        raise EnvelopeError("status field 'counters' must map names to numbers")
+    t_ns = None if m.get("t_ns") is None else _int(m, "t_ns", "status")
+    return Message("status", seq, Status(state, counters, t_ns, wall_ns), wall_ns)
+
+
+def decode_message(payload: bytes | bytearray | memoryview) -> Message:
+    """Decode and check one envelope; anything else raises :class:`EnvelopeError` (never another error)."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise EnvelopeError(f"an envelope is bytes; got {type(payload).__name__}")
+    if len(payload) > MAX_ENVELOPE_BYTES:
+        raise EnvelopeError(f"envelope of {len(payload)} bytes exceeds the {MAX_ENVELOPE_BYTES}-byte limit")
+    try:
+        m = msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises ValueError, TypeError, StackError, ... on garbage
+        raise EnvelopeError(f"not a msgpack envelope: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(m, dict):
+        raise EnvelopeError(f"an envelope is a msgpack map; got {type(m).__name__}")
+    if "v" not in m:
+        raise EnvelopeError("not a streamcorr envelope: no 'v' (version) field")
+    if m["v"] != VERSION or type(m["v"]) is not int:
+        raise EnvelopeError(f"unsupported envelope version {m['v']!r}: this streamcorr reads version {VERSION}")
+    kind = _get(m, "kind", str, "the")
+    seq = _int(m, "seq", kind, 0, _UINT64_MAX)
+    wall_ns = _int(m, "wall_ns", kind)
+    if kind == "snapshot":
+        return _decode_snapshot(m, seq, wall_ns)
+    if kind == "event":
+        return _decode_event(m, seq, wall_ns)
+    if kind == "status":
+        return _decode_status(m, seq, wall_ns)
+    raise EnvelopeError(f"unknown envelope kind {kind!r}; expected 'snapshot', 'event' or 'status'")
+
+
+def decode(payload: bytes | bytearray | memoryview) -> Snapshot | ChangeEvent | Status:
+    """The body of one envelope (see :func:`decode_message` for the sequence number and pairs)."""
+    return decode_message(payload).body
