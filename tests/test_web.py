@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -207,12 +208,15 @@ def test_clients_over_limit_are_rejected_and_counted() -> None:
 
 
 def test_bad_stats_and_config_are_reported_not_crashed() -> None:
-    """Unserialisable or NaN stats are dropped with a warning; bad constructor values raise ConfigError."""
+    """Unserialisable or NaN stats are dropped with a warning, a "type" key cannot reroute them; bad constructor
+    values raise ConfigError."""
     np.random.default_rng(7)
     view = WebView(port=0)
     view.publish_stats({"x": object()})
     view.publish_stats({"x": float("nan")})
     assert view._latest_stats_text is None
+    view.publish_stats({"type": "event", "hops": 3})
+    assert json.loads(view._latest_stats_text or "{}") == {"type": "stats", "hops": 3}
     for kw in ({"port": -1}, {"history_len": 0}, {"max_clients": 0}, {"table_fn": 3}):
         with pytest.raises(ConfigError):
             WebView(**kw)  # type: ignore[arg-type]
@@ -294,15 +298,16 @@ def chromium() -> Iterator[Any]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         reason = "the playwright Python package is not installed (pip install playwright)"
-    if reason is None and not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    executable = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    if reason is None and executable is None:
+        reason = f"no Chromium at {CHROMIUM} or on PATH (apt-get install chromium; playwright install is not needed)"
     if reason is not None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(reason)
         pytest.skip(reason)
     with sync_playwright() as pw:
         # playwright passes --no-sandbox by default (chromium_sandbox=False), which Chromium needs as root
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        browser = pw.chromium.launch(executable_path=executable, headless=True)
         try:
             yield browser
         finally:

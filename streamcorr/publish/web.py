@@ -276,7 +276,7 @@ class WebView:
     def publish_stats(self, stats: dict[str, Any]) -> None:
         """Hand a flat dict of numbers and strings (rates, drops, ...) to every client's status line."""
         try:
-            text = _dumps({"type": "stats", **stats})
+            text = _dumps({**stats, "type": "stats"})  # a "type" key in stats must not reroute the message
         except (TypeError, ValueError) as exc:  # not JSON-serialisable, or NaN: a caller bug, never a crash
             self._warn.warning("stats", "stats not published: %s", exc)
             return
