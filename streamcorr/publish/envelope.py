@@ -78,6 +78,9 @@ __all__ = [
     "EnvelopeError",
     "Message",
     "Status",
+    "check_event",
+    "check_pair_selection",
+    "check_snapshot",
     "decode",
     "decode_message",
     "encode_event",
@@ -150,7 +153,8 @@ def _check_seq(seq: object) -> int:
     return int(seq)
 
 
-def _check_pair_selection(top_k: int | None, threshold: float | None) -> None:
+def check_pair_selection(top_k: int | None, threshold: float | None) -> None:
+    """Raise ConfigError unless top_k is None or >= 1 and threshold is None or a finite number."""
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
         raise ConfigError(f"top_k must be a positive integer or None; got {top_k!r}")
     if threshold is not None and not (isinstance(threshold, numbers.Real) and math.isfinite(threshold)):
@@ -163,7 +167,7 @@ def select_pairs(mi: np.ndarray, *, top_k: int | None = None, threshold: float |
     >>> select_pairs(np.array([[0, 0.2, 0.9], [0.2, 0, 0.4], [0.9, 0.4, 0]]), top_k=2).tolist()
     [[0, 2], [1, 2]]
     """
-    _check_pair_selection(top_k, threshold)
+    check_pair_selection(top_k, threshold)
     i, j = np.triu_indices(mi.shape[0], k=1)
     values = mi[i, j]
     keep = np.isfinite(values)
@@ -176,11 +180,30 @@ def select_pairs(mi: np.ndarray, *, top_k: int | None = None, threshold: float |
     return np.stack([i[order], j[order]], axis=1)
 
 
-def _matrix(a: np.ndarray, n: int, name: str) -> dict[str, Any]:
-    arr = np.asarray(a)
-    if arr.shape != (n, n):
-        raise InputError(f"snapshot.{name} must have shape ({n}, {n}) for {n} channels; got {arr.shape}")
-    return {"dtype": _MATRIX_DTYPE, "shape": [n, n], "data": np.ascontiguousarray(arr, dtype=_MATRIX_DTYPE).tobytes()}
+def check_snapshot(snap: Snapshot) -> int:
+    """Raise InputError unless the snapshot can be encoded; returns its channel count N."""
+    n = len(snap.channels)
+    if len(set(snap.channels)) != n:
+        raise InputError(f"snapshot channels must be unique; got {list(snap.channels)}")
+    for name in ("mi", "age_s", "coverage"):
+        shape = np.shape(getattr(snap, name))
+        if shape != (n, n):
+            raise InputError(f"snapshot.{name} must have shape ({n}, {n}) for {n} channels; got {shape}")
+    _check_seq(snap.seq)
+    return n
+
+
+def check_event(ev: ChangeEvent) -> None:
+    """Raise InputError unless the event can be encoded."""
+    if ev.kind not in _CHANGES:
+        raise InputError(f"event kind must be one of {sorted(_CHANGES)}; got {ev.kind!r}")
+    if len(ev.pair) != 2:
+        raise InputError(f"event pair must be two channel names; got {ev.pair!r}")
+
+
+def _matrix(a: np.ndarray, n: int) -> dict[str, Any]:
+    data = np.ascontiguousarray(a, dtype=_MATRIX_DTYPE).tobytes()
+    return {"dtype": _MATRIX_DTYPE, "shape": [n, n], "data": data}
 
 
 def encode_snapshot(
@@ -193,27 +216,24 @@ def encode_snapshot(
 ) -> bytes:
     """The envelope of a snapshot; ``seq`` defaults to the snapshot's own. With ``top_k`` and/or
     ``threshold`` a ``pairs`` list is added; ``pairs_only`` leaves the matrices out."""
-    _check_pair_selection(top_k, threshold)
+    check_pair_selection(top_k, threshold)
     if pairs_only and top_k is None and threshold is None:
         raise ConfigError("pairs_only needs top_k and/or threshold (otherwise the message would be empty)")
-    channels = [str(c) for c in snap.channels]
-    n = len(channels)
+    n = check_snapshot(snap)
     msg: dict[str, Any] = {
         "v": VERSION,
         "kind": "snapshot",
         "seq": _check_seq(snap.seq if seq is None else seq),
         "t_ns": int(snap.t_ns),
         "wall_ns": int(snap.wall_ns),
-        "snapshot_seq": _check_seq(snap.seq),
-        "channels": channels,
+        "snapshot_seq": int(snap.seq),
+        "channels": [str(c) for c in snap.channels],
     }
     mi32 = np.asarray(snap.mi, dtype=np.float32)
     if not pairs_only:
-        msg["mi"] = _matrix(mi32, n, "mi")
-        msg["age_s"] = _matrix(snap.age_s, n, "age_s")
-        msg["coverage"] = _matrix(snap.coverage, n, "coverage")
-    elif mi32.shape != (n, n):
-        raise InputError(f"snapshot.mi must have shape ({n}, {n}) for {n} channels; got {mi32.shape}")
+        msg["mi"] = _matrix(mi32, n)
+        msg["age_s"] = _matrix(snap.age_s, n)
+        msg["coverage"] = _matrix(snap.coverage, n)
     if top_k is not None or threshold is not None:
         # the float32 value, so that a pair and its matrix cell are the same number
         picked = select_pairs(mi32, top_k=top_k, threshold=threshold).tolist()
@@ -223,8 +243,7 @@ def encode_snapshot(
 
 def encode_event(ev: ChangeEvent, *, seq: int, wall_ns: int | None = None) -> bytes:
     """The envelope of a change event."""
-    if ev.kind not in _CHANGES:
-        raise InputError(f"event kind must be one of {sorted(_CHANGES)}; got {ev.kind!r}")
+    check_event(ev)
     msg = {
         "v": VERSION,
         "kind": "event",

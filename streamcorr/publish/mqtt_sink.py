@@ -1,0 +1,332 @@
+"""The MQTT sink: one connection kept up for as long as the publisher runs, fed from a bounded outbox.
+
+Retained ``{prefix}/status`` says whether the publisher is up: "online" on every connect, "offline" on
+:meth:`MqttPublisher.close` and, through the client's last will, when the connection dies without a
+goodbye (crash, kill, network loss). Snapshots (and pair lists) are retained too, so a subscriber that
+arrives late gets the newest at once; events are not.
+
+Outbox policy (``publish_*`` never wait for the network): one pending snapshot, the newest (a
+superseded one is counted in ``counters.dropped["snapshot"]``); up to ``queue_size`` events, the oldest
+dropped when full; one pending status, the newest. While the broker is away the outbox waits and the
+client reconnects after jittered, growing delays with a fresh client per attempt; ``run()`` never returns
+on broker loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+
+import aiomqtt
+
+from ..errors import ConfigError, StreamcorrError
+from ..ingest.mqtt import MqttSettings, jittered_backoff, make_client
+from .changes import ChangeEvent
+from .envelope import (
+    check_event,
+    check_pair_selection,
+    check_prefix,
+    check_snapshot,
+    encode_event,
+    encode_snapshot,
+    encode_status,
+    topic,
+)
+from .sinks import RateLimitedLog, SinkCounters
+from .snapshot import Snapshot
+
+__all__ = ["MqttPublisher"]
+
+log = logging.getLogger("streamcorr.publish.mqtt")
+
+
+class MqttPublisher:
+    """Publish snapshots, events and status to an MQTT broker, reconnecting for as long as it runs.
+
+    Use ``async with MqttPublisher(...) as pub:`` (runs the connection in a task, closes gracefully on
+    exit), or run ``await pub.run()`` yourself and ``await pub.close()`` to stop.
+
+    >>> pub = MqttPublisher(settings=MqttSettings(port=1), prefix="plant/line1", queue_size=2)
+    >>> pub.topics["status"], pub.connected
+    ('plant/line1/status', False)
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: MqttSettings,
+        prefix: str = "streamcorr",
+        retain_snapshot: bool = True,
+        queue_size: int = 256,
+        top_k: int | None = None,
+        threshold: float | None = None,
+    ) -> None:
+        if not isinstance(settings, MqttSettings):
+            raise ConfigError(f"settings must be an MqttSettings; got {type(settings).__name__}")
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ConfigError(f"queue_size must be a positive number of events; got {queue_size!r}")
+        check_pair_selection(top_k, threshold)
+        self.settings = settings
+        self.prefix = check_prefix(prefix)
+        self.retain_snapshot = retain_snapshot
+        self.queue_size = queue_size
+        self.top_k, self.threshold = top_k, threshold
+        self.topics = {s: topic(prefix, s) for s in ("snapshot", "pairs", "event", "status")}
+        self.counters = SinkCounters()
+        self._seq = dict.fromkeys(("snapshot", "event", "status"), 0)  # pairs share the snapshot's seq
+        self._snapshot: Snapshot | None = None
+        self._events: collections.deque[ChangeEvent] = collections.deque()
+        self._status: tuple[str, dict[str, int | float]] | None = None
+        self._last_t_ns: int | None = None
+        self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._run_task: asyncio.Task[None] | None = None
+        self._warn = RateLimitedLog(log)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def pending(self) -> int:
+        """Messages waiting in the outbox."""
+        return len(self._events) + (self._snapshot is not None) + (self._status is not None)
+
+    async def wait_connected(self, timeout_s: float | None = None) -> bool:
+        """True once connected (and "online" sent); False after timeout_s without a connection."""
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- the outbox ---------------------------------------------------------------------------------
+    def _refuse(self, stream: str) -> bool:
+        if self._closing.is_set():
+            self.counters.dropped[stream] += 1
+            self._warn.warning("closed", "MqttPublisher is closed; %s dropped", stream)
+            return True
+        return False
+
+    async def publish_snapshot(self, snap: Snapshot) -> None:
+        """Queue a snapshot, replacing (and counting as dropped) one not yet sent. Raises InputError if it
+        cannot be encoded."""
+        check_snapshot(snap)
+        if self._refuse("snapshot"):
+            return
+        if self._snapshot is not None:
+            self.counters.dropped["snapshot"] += 1
+        self._snapshot = snap
+        self._wake.set()
+
+    async def publish_event(self, ev: ChangeEvent) -> None:
+        """Queue an event; when ``queue_size`` are waiting the oldest is dropped and counted."""
+        check_event(ev)
+        if self._refuse("event"):
+            return
+        if len(self._events) >= self.queue_size:
+            self._events.popleft()
+            self.counters.dropped["event"] += 1
+            self._warn.warning("event-full", "MQTT event queue full (%d): oldest dropped", self.queue_size)
+        self._events.append(ev)
+        self._wake.set()
+
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
+        """Queue a retained status, replacing one not yet sent."""
+        encode_status(state, counters, seq=0)  # validates now, so that the caller gets the error
+        if self._refuse("status"):
+            return
+        if self._status is not None:
+            self.counters.dropped["status"] += 1
+        self._status = (state, dict(counters))
+        self._wake.set()
+
+    async def _send_next(self, client: aiomqtt.Client) -> bool:
+        """Send the next outbox message; False when the outbox is empty. Network errors propagate, with the
+        message put back in the outbox (unless something newer took its place)."""
+        qos = self.settings.qos
+        if self._status is not None:
+            state, counters = self._status
+            self._status = None
+            payload = encode_status(state, counters, seq=self._seq["status"] + 1, t_ns=self._last_t_ns)
+            try:
+                await client.publish(self.topics["status"], payload, qos=qos, retain=True)
+            except BaseException:
+                if self._status is None:
+                    self._status = (state, counters)
+                raise
+            self._sent("status")
+            return True
+        if self._events:
+            ev = self._events.popleft()
+            try:
+                await client.publish(self.topics["event"], encode_event(ev, seq=self._seq["event"] + 1), qos=qos)
+            except BaseException:
+                if len(self._events) < self.queue_size:
+                    self._events.appendleft(ev)
+                else:
+                    self.counters.dropped["event"] += 1
+                raise
+            self._sent("event")
+            return True
+        if self._snapshot is not None:
+            snap, self._snapshot = self._snapshot, None
+            await self._send_snapshot(client, snap)
+            return True
+        return False
+
+    async def _send_snapshot(self, client: aiomqtt.Client, snap: Snapshot) -> None:
+        seq = self._seq["snapshot"] + 1
+        try:
+            payload = encode_snapshot(snap, seq=seq)
+            pairs = None
+            if self.top_k is not None or self.threshold is not None:
+                pairs = encode_snapshot(snap, seq=seq, top_k=self.top_k, threshold=self.threshold, pairs_only=True)
+        except StreamcorrError as exc:  # checked at enqueue; a snapshot mutated since then lands here
+            self.counters.dropped["snapshot"] += 1
+            self._warn.warning("encode", "snapshot not encodable, dropped: %s", exc)
+            return
+        try:
+            await client.publish(self.topics["snapshot"], payload, qos=self.settings.qos, retain=self.retain_snapshot)
+        except BaseException:
+            if self._snapshot is None:
+                self._snapshot = snap
+            raise
+        self._sent("snapshot")
+        self.counters.publish_lag_s = (time.time_ns() - snap.wall_ns) / 1e9
+        self._last_t_ns = snap.t_ns
+        if pairs is not None:
+            try:
+                await client.publish(self.topics["pairs"], pairs, qos=self.settings.qos, retain=self.retain_snapshot)
+            except BaseException:
+                self.counters.dropped["pairs"] += 1
+                raise
+            self.counters.sent["pairs"] += 1
+
+    def _sent(self, stream: str) -> None:
+        self._seq[stream] += 1
+        self.counters.sent[stream] += 1
+
+    # -- the connection ------------------------------------------------------------------------------
+    def _backoff(self) -> Iterator[float]:
+        return jittered_backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
+
+    async def run(self) -> None:
+        """Hold the connection and send the outbox until :meth:`close` (or cancellation)."""
+        me = asyncio.current_task()
+        if self._run_task is not None and self._run_task is not me and not self._run_task.done():
+            raise ConfigError("this MqttPublisher is already running")
+        self._run_task = me
+        delays = self._backoff()
+        where = f"{self.settings.host}:{self.settings.port}"
+        try:
+            while True:
+                # seq numbers for this connection's "online" and its "offline" (the will, or close())
+                online_seq, offline_seq = self._seq["status"] + 1, self._seq["status"] + 2
+                offline = encode_status("offline", {}, seq=offline_seq, t_ns=self._last_t_ns)
+                will = aiomqtt.Will(self.topics["status"], offline, qos=self.settings.qos, retain=True)
+                up = False
+                try:
+                    async with make_client(self.settings, will=will) as client:
+                        up = True
+                        self.counters.connects += 1
+                        self._seq["status"] = offline_seq
+                        delays = self._backoff()
+                        await self._session(client, online_seq, offline_seq)
+                    self.counters.disconnects += 1
+                    log.info("MQTT publisher closed (%s)", where)
+                    return
+                except (aiomqtt.MqttError, OSError) as exc:
+                    self._connected.clear()
+                    if up:
+                        self.counters.disconnects += 1
+                        log.warning("MQTT publisher lost %s: %s; reconnecting", where, exc)
+                    else:
+                        self.counters.connect_failures += 1
+                        self._warn.warning("connect", "MQTT publisher cannot connect to %s: %s; retrying", where, exc)
+                delay = next(delays)
+                if self._closing.is_set():
+                    await asyncio.sleep(delay)
+                else:  # a close() during the wait tries to connect at once, to deliver the goodbye
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._closing.wait(), delay)
+        finally:
+            self._connected.clear()
+
+    async def _session(self, client: aiomqtt.Client, online_seq: int, offline_seq: int) -> None:
+        """One connection: "online", the outbox until closing, then "offline" (a clean disconnect sends no will)."""
+        status, qos = self.topics["status"], self.settings.qos
+        online = encode_status("online", self.counters.as_dict(), seq=online_seq, t_ns=self._last_t_ns)
+        await client.publish(status, online, qos=qos, retain=True)
+        self.counters.sent["status"] += 1
+        self._connected.set()
+        log.info("MQTT publisher connected to %s:%d (prefix %r)", self.settings.host, self.settings.port, self.prefix)
+        await self._pump(client)
+        offline = encode_status("offline", self.counters.as_dict(), seq=offline_seq, t_ns=self._last_t_ns)
+        await client.publish(status, offline, qos=qos, retain=True)
+        self.counters.sent["status"] += 1
+
+    async def _pump(self, client: aiomqtt.Client) -> None:
+        """Send the outbox as it fills; return when closing and empty; raise MqttError on a lost connection."""
+        watcher = asyncio.create_task(self._watch(client))
+        try:
+            while True:
+                if await self._send_next(client):
+                    continue
+                if self._closing.is_set():
+                    return
+                self._wake.clear()  # no await since the outbox was found empty: no wake-up is lost
+                waiter = asyncio.create_task(self._wake.wait())
+                done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if watcher in done:
+                    watcher.result()  # raises the connection's error
+                    raise aiomqtt.MqttError("connection closed")
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                await watcher
+
+    @staticmethod
+    async def _watch(client: aiomqtt.Client) -> None:
+        # nothing is subscribed: the iterator only ends, with MqttError, when the connection drops
+        async for _ in client.messages:
+            pass
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued (the final snapshot included) and a retained "offline" status, then disconnect.
+        After timeout_s without a connection to do that on, stop anyway (the broker's will says "offline")."""
+        self._closing.set()
+        self._wake.set()
+        task = self._run_task
+        if task is None or task.done() or task is asyncio.current_task():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            left = self.pending
+            self.counters.dropped["snapshot"] += self._snapshot is not None
+            self.counters.dropped["event"] += len(self._events)
+            log.warning(
+                "MQTT publisher closed without a goodbye after %.1f s; %d queued messages lost", timeout_s, left
+            )
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> MqttPublisher:
+        if self._run_task is None or self._run_task.done():
+            self._run_task = asyncio.create_task(self.run(), name="streamcorr-mqtt-publisher")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        state = "connected" if self.connected else "not connected"
+        return f"MqttPublisher({self.settings.host}:{self.settings.port}, {self.prefix!r}, {state})"

@@ -1,0 +1,167 @@
+"""Publishing sinks: what they share, and :func:`forward`, which feeds an engine's output to them.
+
+Two sinks send the envelopes of :mod:`streamcorr.publish.envelope` out of the process:
+
+- :class:`~streamcorr.publish.zmq_sink.ZmqPublisher`: a ZeroMQ PUB socket plus a last-value cache
+  (REP socket) that late joiners ask for the newest snapshot and status;
+- :class:`~streamcorr.publish.mqtt_sink.MqttPublisher`: an MQTT client that keeps its connection up,
+  with a retained snapshot and a retained online/offline status backed by the client's last will.
+
+Topics are ``{prefix}/snapshot``, ``{prefix}/event``, ``{prefix}/status`` and, when ``top_k`` or
+``threshold`` is set, ``{prefix}/pairs`` (a pairs-only snapshot with the same ``seq`` as the full one).
+``seq`` counts the messages a sink actually sent on a topic, so a subscriber that sees a jump has lost
+messages in transit; snapshots a sink skipped on purpose (superseded while waiting) are counted in
+``counters.dropped`` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import logging
+import math
+import numbers
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import StreamcorrError
+from .changes import ChangeEvent
+from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from .mqtt_sink import MqttPublisher
+    from .zmq_sink import ZmqPublisher
+
+__all__ = ["MqttPublisher", "Sink", "SinkCounters", "ZmqPublisher", "engine_counters", "forward"]
+
+log = logging.getLogger("streamcorr.publish")
+
+_LAZY = {"ZmqPublisher": "zmq_sink", "MqttPublisher": "mqtt_sink"}
+
+
+def __getattr__(name: str) -> Any:
+    # the transports import this module, so they are re-exported lazily rather than imported at the top
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Sink(Protocol):
+    """What :func:`forward` needs from a sink."""
+
+    async def publish_snapshot(self, snap: Snapshot) -> None: ...
+
+    async def publish_event(self, ev: ChangeEvent) -> None: ...
+
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None: ...
+
+
+def _per_stream() -> dict[str, int]:
+    return dict.fromkeys(("snapshot", "pairs", "event", "status"), 0)
+
+
+@dataclass
+class SinkCounters:
+    """What a sink sent and dropped, per stream (``snapshot``, ``pairs``, ``event``, ``status``)."""
+
+    sent: dict[str, int] = field(default_factory=_per_stream)
+    dropped: dict[str, int] = field(default_factory=_per_stream)  # superseded, queue full, closed, unencodable
+    connects: int = 0  # MQTT: connections made
+    disconnects: int = 0  # MQTT: connections ended (connects - disconnects is 1 while connected)
+    connect_failures: int = 0  # MQTT: attempts that did not connect
+    latest_requests: int = 0  # ZeroMQ: late-joiner requests answered
+    publish_lag_s: float = math.nan  # wall clock at send minus the last sent snapshot's wall_ns
+
+    def as_dict(self) -> dict[str, int | float]:
+        """Flat ``name: number`` form, for status messages (``sent_snapshot``, ``dropped_event``, ...)."""
+        out: dict[str, int | float] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                out.update({f"{f.name}_{k}": v for k, v in value.items()})
+            else:
+                out[f.name] = value
+        return out
+
+
+class RateLimitedLog:
+    """At most one warning per ``every_s`` and key; the rest are counted and reported with the next one."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self.logger = logger
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._suppressed: collections.Counter[str] = collections.Counter()
+
+    def warning(self, key: str, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -math.inf) < self.every_s:
+            self._suppressed[key] += 1
+            return
+        self._last[key] = now
+        skipped = self._suppressed.pop(key, 0)
+        self.logger.warning(msg + (f" ({skipped} more like this suppressed)" if skipped else ""), *args)
+
+
+def engine_counters(engine: Engine) -> dict[str, int | float]:
+    """The engine's numeric counters, flat (``stage_s`` entries as ``stage_s.<stage>``), for status messages."""
+    out: dict[str, int | float] = {}
+    for f in dataclasses.fields(engine.counters):
+        value = getattr(engine.counters, f.name)
+        if isinstance(value, Mapping):
+            out.update({f"{f.name}.{k}": float(v) for k, v in value.items() if isinstance(v, numbers.Real)})
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            out[f.name] = int(value) if isinstance(value, numbers.Integral) else float(value)
+    return out
+
+
+async def forward(engine: Engine, *sinks: Sink, status_interval_s: float | None = 5.0) -> None:
+    """Publish every snapshot and event of ``engine`` to each sink, and an "online" status with the engine's
+    counters every ``status_interval_s``, until cancelled. A sink that raises on one message (say, a
+    snapshot it cannot encode) is logged and skipped for that message; forwarding goes on."""
+    warn = RateLimitedLog(log)
+
+    async def publish(kind: str, item: Any) -> None:
+        for sink in sinks:
+            try:
+                if kind == "snapshot":
+                    await sink.publish_snapshot(item)
+                elif kind == "event":
+                    await sink.publish_event(item)
+                else:
+                    await sink.publish_status("online", item)
+            except StreamcorrError as exc:
+                warn.warning(f"{kind}:{id(sink)}", "%s refused a %s: %s", type(sink).__name__, kind, exc)
+
+    async def snapshots() -> None:
+        async for snap in engine.snapshots():
+            await publish("snapshot", snap)
+
+    async def events() -> None:
+        async for ev in engine.events():
+            await publish("event", ev)
+
+    async def statuses() -> None:
+        assert status_interval_s is not None
+        while True:
+            await asyncio.sleep(status_interval_s)
+            await publish("status", engine_counters(engine))
+
+    tasks = [asyncio.create_task(snapshots()), asyncio.create_task(events())]
+    if status_interval_s is not None:
+        tasks.append(asyncio.create_task(statuses()))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

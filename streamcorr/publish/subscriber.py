@@ -1,0 +1,465 @@
+"""The Python client for a running streamcorr: snapshots, events and status from MQTT or ZeroMQ.
+
+``Subscriber("mqtt://host:1883")`` subscribes to ``{prefix}/snapshot``, ``/event`` and ``/status``; the
+broker hands it the retained snapshot and status at once. ``Subscriber("tcp://host:5556")`` connects a
+ZeroMQ SUB socket and asks the publisher's last-value cache (``snapshot_url``, by default the next port)
+for the newest snapshot and status, so a late joiner does not wait for the next hop.
+
+Messages are decoded into numpy-backed :class:`Snapshot`, :class:`ChangeEvent` and :class:`Status` and
+wait in bounded queues (``queue_size`` each; when a consumer falls behind the oldest is dropped and
+counted in ``counters.dropped``). Sequence numbers are checked per topic: messages lost on the way are
+counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
+
+Two ways to consume, one per subscriber:
+
+- asyncio: ``async with Subscriber(url) as sub:`` then ``async for snap in sub.snapshots():``;
+- plain scripts: ``with Subscriber(url) as sub:`` then ``for snap in sub.iter_snapshots(timeout_s=10):``
+  (the client runs on an event loop in a background thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Collection, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import aiomqtt
+import zmq
+import zmq.asyncio
+
+from ..errors import ConfigError, StreamcorrError
+from ..ingest.mqtt import MqttSettings, MqttTls, jittered_backoff, make_client
+from .changes import ChangeEvent
+from .envelope import MAX_ENVELOPE_BYTES, STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
+from .sinks import RateLimitedLog
+from .snapshot import Snapshot
+
+__all__ = ["Subscriber", "SubscriberCounters"]
+
+log = logging.getLogger("streamcorr.subscriber")
+
+_CLOSED = object()  # queue sentinel: the subscriber was closed, iterators end
+_OUTBOX = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
+_KIND = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
+
+
+def _per_stream() -> dict[str, int]:
+    return dict.fromkeys(STREAMS, 0)
+
+
+@dataclass
+class SubscriberCounters:
+    """What the subscriber received, skipped and lost, per stream where it matters."""
+
+    received: dict[str, int] = field(default_factory=_per_stream)
+    gaps: dict[str, int] = field(default_factory=_per_stream)  # seq numbers never seen: lost in transit
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("snapshot", "event", "status"), 0))
+    duplicates: int = 0  # retained or cached messages already seen
+    restarts: int = 0  # seq went back: the publisher restarted
+    bad: int = 0  # payloads that are not valid envelopes, or of the wrong kind for their topic
+    connects: int = 0  # MQTT
+    disconnects: int = 0  # MQTT
+    connect_failures: int = 0  # MQTT
+    late_joins: int = 0  # ZeroMQ: answers from the last-value cache
+    late_join_failures: int = 0  # ZeroMQ: the cache did not answer in time
+
+
+class Subscriber:
+    """Receive a streamcorr publisher's snapshots, events and status over MQTT or ZeroMQ.
+
+    ``url`` is ``mqtt://[user:password@]host[:port]`` (``mqtts://`` for TLS) or ``tcp://host:port`` (a
+    ZeroMQ PUB endpoint); ``settings`` supplies the other MQTT options (the URL's host and port win).
+    ``streams`` picks the topics: any of "snapshot" or "pairs" (not both), "event", "status".
+
+    >>> sub = Subscriber("tcp://127.0.0.1:5556", prefix="plant")
+    >>> sub.transport, sub.snapshot_url, sub.topics
+    ('zmq', 'tcp://127.0.0.1:5557', ('plant/snapshot', 'plant/event', 'plant/status'))
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "streamcorr",
+        snapshot_url: str | None = None,
+        late_join: bool = True,
+        queue_size: int = 64,
+        streams: Collection[str] = ("snapshot", "event", "status"),
+        settings: MqttSettings | None = None,
+        context: zmq.asyncio.Context | None = None,
+        request_timeout_s: float = 2.0,
+        start_timeout_s: float = 5.0,
+    ) -> None:
+        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+            raise ConfigError(f"queue_size must be a positive number of messages; got {queue_size!r}")
+        streams = tuple(streams)
+        unknown = set(streams) - set(STREAMS)
+        if unknown or not streams or len(set(streams)) != len(streams):
+            raise ConfigError(f"streams must be distinct names from {STREAMS}; got {streams}")
+        if "snapshot" in streams and "pairs" in streams:
+            raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
+        self.prefix = check_prefix(prefix)
+        self.queue_size = queue_size
+        self.late_join = late_join
+        self.request_timeout_s = request_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.topics = tuple(topic(prefix, s) for s in streams)
+        self._stream_of = {topic(prefix, s): s for s in streams}
+        self._context = context
+        self.url = url
+        self.settings: MqttSettings | None = None
+        self.snapshot_url: str | None = None
+        parts = urlsplit(url)
+        self.transport: Literal["mqtt", "zmq"]
+        if parts.scheme in ("mqtt", "mqtts"):
+            self.transport = "mqtt"
+            tls = parts.scheme == "mqtts"
+            base = settings or MqttSettings()
+            try:
+                port = parts.port or (8883 if tls else 1883)
+            except ValueError as exc:
+                raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+            self.settings = dataclasses.replace(
+                base,
+                host=parts.hostname or base.host,
+                port=port,
+                username=parts.username or base.username,
+                password=parts.password or base.password,
+                tls=base.tls or (MqttTls() if tls else None),
+            )
+        elif parts.scheme in ("tcp", "ipc"):
+            self.transport = "zmq"
+            if settings is not None:
+                raise ConfigError("settings are MQTT options; this url is ZeroMQ")
+            self.snapshot_url = snapshot_url
+            if snapshot_url is None and parts.scheme == "tcp":
+                try:
+                    zmq_port = parts.port
+                except ValueError as exc:
+                    raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+                if zmq_port is None:
+                    raise ConfigError(f"a ZeroMQ url needs a port, e.g. tcp://127.0.0.1:5556; got {url!r}")
+                host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+                self.snapshot_url = f"tcp://{host}:{zmq_port + 1}"  # the publisher's default pairing
+        else:
+            raise ConfigError(f"url must start with mqtt://, mqtts://, tcp:// or ipc://; got {url!r}")
+        self.counters = SubscriberCounters()
+        self._last_seq: dict[str, int] = {}
+        self._status: Status | None = None
+        self._mode: Literal["async", "thread"] | None = None
+        self._queues: dict[str, Any] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._stop = False
+        self._ready = threading.Event()
+        self._warn = RateLimitedLog(log)
+
+    # -- state ---------------------------------------------------------------------------------------
+    @property
+    def gaps(self) -> dict[str, int]:
+        """Missed sequence numbers per stream."""
+        return self.counters.gaps
+
+    def status(self) -> Status | None:
+        """The newest status received (None before any)."""
+        return self._status
+
+    @property
+    def ready(self) -> bool:
+        """Subscribed (MQTT), or connected and past the late-joiner request (ZeroMQ)."""
+        return self._ready.is_set()
+
+    # -- routing -------------------------------------------------------------------------------------
+    def _handle(self, topic_name: str, payload: bytes, *, replay: bool) -> None:
+        """Decode one message, check its seq, and queue its body. ``replay``: retained or cached."""
+        stream = self._stream_of.get(topic_name)
+        if stream is None:  # ZeroMQ filters by prefix, so "x/snapshots" passes a "x/snapshot" filter
+            return
+        try:
+            msg = decode_message(payload)
+        except EnvelopeError as exc:
+            self.counters.bad += 1
+            self._warn.warning(f"bad:{stream}", "undecodable message on %s: %s", topic_name, exc)
+            return
+        if msg.kind != _KIND[stream]:
+            self.counters.bad += 1
+            self._warn.warning(f"kind:{stream}", "a %s message on %s, ignored", msg.kind, topic_name)
+            return
+        last = self._last_seq.get(stream)
+        if last is not None:
+            if msg.seq == last or (replay and msg.seq < last):
+                self.counters.duplicates += 1
+                return
+            if msg.seq > last + 1:
+                self.counters.gaps[stream] += msg.seq - last - 1
+                self._warn.warning(f"gap:{stream}", "missed %d %s message(s): seq %d -> %d",
+                                   msg.seq - last - 1, stream, last, msg.seq)  # fmt: skip
+            elif msg.seq < last:
+                self.counters.restarts += 1
+                log.info("%s seq went back from %d to %d: the publisher restarted", stream, last, msg.seq)
+        self._last_seq[stream] = msg.seq
+        self.counters.received[stream] += 1
+        if isinstance(msg.body, Status):
+            self._status = msg.body
+        self._offer(_OUTBOX[stream], msg.body)
+
+    def _offer(self, key: str, item: object) -> None:
+        q = self._queues[key]
+        if q.full():
+            with contextlib.suppress(asyncio.QueueEmpty, queue.Empty):  # the consumer may have taken it
+                q.get_nowait()
+                if item is not _CLOSED:
+                    self.counters.dropped[key] += 1
+                    self._warn.warning(f"drop:{key}", "%s queue full (%d): oldest dropped", key, self.queue_size)
+        q.put_nowait(item)
+
+    # -- transports (run on the client's event loop) ------------------------------------------------
+    async def _run_client(self) -> None:
+        try:
+            if self.transport == "zmq":
+                await self._run_zmq()
+            else:
+                await self._run_mqtt()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug, not the network: say so, and end the iterators
+            log.exception("subscriber to %s stopped", self.url)
+        finally:
+            self._ready.clear()
+            for key in self._queues:
+                self._offer(key, _CLOSED)
+
+    async def _run_zmq(self) -> None:
+        own = self._context is None
+        ctx = zmq.asyncio.Context() if self._context is None else self._context
+        sock = ctx.socket(zmq.SUB)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, self.queue_size)  # beyond it libzmq drops, which shows as gaps
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_ENVELOPE_BYTES + 1024)
+            try:
+                sock.connect(self.url)
+            except zmq.ZMQError as exc:
+                raise ConfigError(f"cannot connect to {self.url}: {exc}") from exc
+            for name in self.topics:
+                sock.setsockopt(zmq.SUBSCRIBE, name.encode())
+            if self.late_join and self.snapshot_url:
+                await self._ask_latest(ctx)
+            self._ready.set()
+            while True:
+                frames = await sock.recv_multipart()
+                if len(frames) != 2:
+                    self.counters.bad += 1
+                    self._warn.warning("frames", "a ZeroMQ message of %d frames (expected 2), ignored", len(frames))
+                    continue
+                self._handle(frames[0].decode("utf-8", "replace"), frames[1], replay=False)
+        finally:
+            sock.close(linger=0)
+            if own:
+                ctx.term()  # every socket is closed with linger 0: returns at once
+
+    async def _ask_latest(self, ctx: zmq.asyncio.Context) -> None:
+        assert self.snapshot_url is not None
+        req = ctx.socket(zmq.REQ)
+        try:
+            req.setsockopt(zmq.LINGER, 0)
+            req.setsockopt(zmq.MAXMSGSIZE, 4 * MAX_ENVELOPE_BYTES)
+            req.connect(self.snapshot_url)
+            await req.send(b"latest")
+            if not await req.poll(timeout=int(self.request_timeout_s * 1000)):
+                self.counters.late_join_failures += 1
+                log.warning("no answer from %s in %.1f s: starting without the latest snapshot",
+                            self.snapshot_url, self.request_timeout_s)  # fmt: skip
+                return
+            frames = await req.recv_multipart()
+            self.counters.late_joins += 1
+            for k in range(0, len(frames) - 1, 2):
+                self._handle(frames[k].decode("utf-8", "replace"), frames[k + 1], replay=True)
+        except zmq.ZMQError as exc:
+            self.counters.late_join_failures += 1
+            log.warning("asking %s for the latest snapshot failed: %s", self.snapshot_url, exc)
+        finally:
+            req.close(linger=0)
+
+    async def _run_mqtt(self) -> None:
+        settings = self.settings
+        assert settings is not None
+        where = f"{settings.host}:{settings.port}"
+        delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
+        while True:
+            up = False
+            try:
+                # aiomqtt's own queue only bridges to ours; overflow there shows as gaps
+                async with make_client(settings, max_queued_in=max(256, 4 * self.queue_size)) as client:
+                    up = True
+                    self.counters.connects += 1
+                    delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
+                    await client.subscribe([(name, settings.qos) for name in self.topics])
+                    self._ready.set()
+                    log.info("subscribed to %s on %s", ", ".join(self.topics), where)
+                    async for m in client.messages:
+                        payload = m.payload if isinstance(m.payload, bytes) else b""
+                        self._handle(m.topic.value, payload, replay=m.retain)
+            except (aiomqtt.MqttError, OSError) as exc:
+                self._ready.clear()
+                if up:
+                    self.counters.disconnects += 1
+                    log.warning("subscriber lost %s: %s; reconnecting", where, exc)
+                else:
+                    self.counters.connect_failures += 1
+                    self._warn.warning("connect", "subscriber cannot connect to %s: %s; retrying", where, exc)
+            await asyncio.sleep(next(delays))
+
+    # -- asyncio use ----------------------------------------------------------------------------------
+    def _set_mode(self, mode: Literal["async", "thread"]) -> bool:
+        """True if this call chose the mode (the caller starts the client)."""
+        with self._lock:
+            if self._mode == mode:
+                return False
+            if self._mode is not None:
+                other = "`with` / iter_*()" if self._mode == "thread" else "`async with` / snapshots()"
+                raise ConfigError(f"this Subscriber is already used through {other}; use a second one")
+            self._mode = mode
+            factory = asyncio.Queue if mode == "async" else queue.Queue
+            self._queues = {key: factory(self.queue_size) for key in ("snapshot", "event", "status")}
+            return True
+
+    async def start(self) -> None:
+        """Start the client on the running loop; returns when subscribed, or after ``start_timeout_s``
+        (the client keeps trying in the background)."""
+        if not self._set_mode("async"):
+            return
+        self._task = asyncio.create_task(self._run_client(), name="streamcorr-subscriber")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        while not self._ready.is_set() and not self._task.done() and loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        if not self._ready.is_set():
+            log.warning("subscriber to %s not ready after %.1f s; still trying", self.url, self.start_timeout_s)
+
+    async def aclose(self) -> None:
+        """Stop the client; iterators end."""
+        if self._mode == "thread":
+            await asyncio.get_running_loop().run_in_executor(None, self.close)
+            return
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def __aenter__(self) -> Subscriber:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _aiter(self, key: str, timeout_s: float | None) -> AsyncIterator[Any]:
+        if self._mode != "async":
+            raise StreamcorrError("start the subscriber first: `async with Subscriber(...) as sub:`")
+        q: asyncio.Queue[Any] = self._queues[key]
+        while True:
+            try:
+                item = await asyncio.wait_for(q.get(), timeout_s)
+            except TimeoutError:
+                return
+            if item is _CLOSED:
+                q.put_nowait(_CLOSED)  # for any other iterator on this queue
+                return
+            yield item
+
+    def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
+        """Snapshots as they arrive (first the retained / cached one); ends after timeout_s without one."""
+        return self._aiter("snapshot", timeout_s)
+
+    def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
+        """Change events as they arrive; ends after timeout_s without one."""
+        return self._aiter("event", timeout_s)
+
+    def statuses(self, timeout_s: float | None = None) -> AsyncIterator[Status]:
+        """Status messages as they arrive; ends after timeout_s without one."""
+        return self._aiter("status", timeout_s)
+
+    # -- plain-thread use -----------------------------------------------------------------------------
+    def start_background(self) -> None:
+        """Run the client on its own event loop in a daemon thread; returns when subscribed, or after
+        ``start_timeout_s``."""
+        if not self._set_mode("thread"):
+            return
+        self._thread = threading.Thread(target=self._thread_main, name="streamcorr-subscriber", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(self.start_timeout_s):
+            log.warning("subscriber to %s not ready after %.1f s; still trying", self.url, self.start_timeout_s)
+
+    def _thread_main(self) -> None:
+        async def main() -> None:
+            with self._lock:
+                if self._stop:
+                    return
+                self._loop = asyncio.get_running_loop()
+                self._task = asyncio.current_task()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run_client()
+
+        asyncio.run(main())
+
+    def close(self) -> None:
+        """Stop the client (and join its thread); iterators end. From asyncio code prefer ``await aclose()``."""
+        with self._lock:
+            self._stop = True
+            loop, task = self._loop, self._task
+        if task is not None and not task.done():
+            if self._mode == "thread" and loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(task.cancel)
+            else:
+                task.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        if self._mode == "thread" and task is None:  # stopped before the client ran: end the iterators here
+            for key in self._queues:
+                self._offer(key, _CLOSED)
+
+    def __enter__(self) -> Subscriber:
+        self.start_background()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _iter(self, key: str, timeout_s: float | None) -> Iterator[Any]:
+        self.start_background()
+        q: queue.Queue[Any] = self._queues[key]
+        while True:
+            try:
+                item = q.get(timeout=timeout_s)
+            except queue.Empty:
+                return
+            if item is _CLOSED:
+                self._offer(key, _CLOSED)
+                return
+            yield item
+
+    def iter_snapshots(self, timeout_s: float | None = None) -> Iterator[Snapshot]:
+        """Blocking: snapshots as they arrive; ends after timeout_s without one, or at close()."""
+        return self._iter("snapshot", timeout_s)
+
+    def iter_events(self, timeout_s: float | None = None) -> Iterator[ChangeEvent]:
+        """Blocking: change events as they arrive; ends after timeout_s without one, or at close()."""
+        return self._iter("event", timeout_s)
+
+    def iter_statuses(self, timeout_s: float | None = None) -> Iterator[Status]:
+        """Blocking: status messages as they arrive; ends after timeout_s without one, or at close()."""
+        return self._iter("status", timeout_s)
+
+    def __repr__(self) -> str:
+        return f"Subscriber({self.url!r}, prefix={self.prefix!r}, ready={self.ready}, gaps={self.gaps})"
