@@ -76,6 +76,7 @@ class EngineCounters:
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
+    last_hop_s: float = 0.0  # wall time of the newest hop's evaluation
     stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per stage of evaluate()
 
     def add_time(self, stage: str, t0: float) -> float:
@@ -331,8 +332,10 @@ class Engine:
             self._wake.clear()
             while (end := self._due_end_tick()) is not None:
                 self._busy = True
+                t0 = time.perf_counter()
                 try:
                     snap, events = await loop.run_in_executor(None, self.evaluate, end)
+                    self.counters.last_hop_s = time.perf_counter() - t0
                 except Exception:  # a failed hop must not kill the engine
                     log.exception("evaluation of the window ending at %d ns failed", end)
                     continue

@@ -1,0 +1,447 @@
+"""`streamcorr run config.yaml`: sources -> engine -> sinks, with /metrics, /healthz and the optional web view.
+
+Shutdown (SIGTERM, SIGINT or `stop()`): ingest stops first, windows already due
+are evaluated, the last snapshot and an "offline" status are published, then
+the listeners close. A source or sink losing its broker reconnects by itself;
+the daemon never exits for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from .config import Config, MqttConnection, Payload
+from .engine import Engine, EngineConfig
+from .estimator import Estimator
+from .ingest.mqtt import MqttSettings, MqttTls
+from .publish.changes import ChangeEvent
+from .publish.snapshot import Snapshot
+from .scheduler import PairSelection
+
+log = logging.getLogger("streamcorr.daemon")
+
+__all__ = ["Daemon", "engine_config", "setup_logging"]
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _Sink(Protocol):
+    async def publish_snapshot(self, snap: Snapshot) -> None: ...
+    async def publish_event(self, ev: ChangeEvent) -> None: ...
+    async def publish_status(self, state: str, counters: dict[str, float]) -> None: ...
+
+
+def engine_config(cfg: Config) -> EngineConfig:
+    p = cfg.pairs
+    if p.mode == "list":
+        pairs = PairSelection(all=False, pairs=tuple((a, b) for a, b in p.pairs))
+    elif p.mode == "groups":
+        pairs = PairSelection(all=False, groups=tuple(p.groups), groups_with=tuple(p.groups_with))
+    else:
+        pairs = PairSelection()
+    est: dict[str, Any] = {"device": cfg.estimator.device, "batch_size": cfg.estimator.batch_size}
+    if cfg.estimator.threads is not None:
+        est["threads"] = cfg.estimator.threads
+    if cfg.estimator.weights is not None:
+        est["weights"] = cfg.estimator.weights
+    return EngineConfig(
+        channels=list(cfg.channels.names),
+        rate_hz=cfg.channels.rate_hz,
+        window_len=cfg.window.samples,
+        hop_samples=cfg.hop_samples(),
+        max_staleness_s=cfg.channels.max_staleness_s,
+        pairs=pairs,
+        max_pairs_per_hop=p.max_per_hop,
+        min_coverage=cfg.window.min_coverage,
+        false_alarm_rate=cfg.changes.false_alarm_rate,
+        min_effect=cfg.changes.min_effect,
+        persist=cfg.changes.persist,
+        delta=cfg.changes.delta,
+        auto_add_channels=cfg.channels.auto_add,
+        estimator=est,
+    )
+
+
+def mqtt_settings(c: MqttConnection) -> MqttSettings:
+    tls = MqttTls(c.tls.ca_file, c.tls.cert_file, c.tls.key_file, c.tls.insecure) if c.tls else None
+    return MqttSettings(
+        host=c.host,
+        port=c.port,
+        client_id=c.client_id,
+        username=c.username,
+        password=c.password,
+        tls=tls,
+        keepalive_s=c.keepalive_s,
+        qos=c.qos,
+        reconnect_min_s=c.reconnect_min_s,
+        reconnect_max_s=c.reconnect_max_s,
+    )
+
+
+def _decoder(p: Payload) -> Any:
+    from .ingest.payload import PayloadDecoder
+
+    return PayloadDecoder(
+        format=p.format,
+        channel_template=p.channel_template,
+        time_field=p.time_field,
+        time_unit=p.time_unit,
+        max_payload_bytes=p.max_payload_bytes,
+        max_samples_per_message=p.max_samples_per_message,
+    )
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"t": round(record.created, 3), "level": record.levelname, "logger": record.name}
+        out["msg"] = record.getMessage()
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class _Metrics(Collector):
+    """Reads the live counters at scrape time, so nothing is counted twice."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def collect(self) -> Iterator[Any]:
+        d = self.d
+        ingested = CounterMetricFamily("streamcorr_samples_ingested", "Samples handed to the engine", labels=["source"])
+        drops = CounterMetricFamily(
+            "streamcorr_samples_dropped", "Samples dropped, by stage and reason", labels=["stage", "reason"]
+        )
+        msgs = CounterMetricFamily("streamcorr_messages_received", "Messages received", labels=["source"])
+        connected = GaugeMetricFamily(
+            "streamcorr_source_connected", "1 while the source holds its connection", labels=["source"]
+        )
+        for name, src in d.sources:
+            c = src.counters
+            ingested.add_metric([name], c.handed)
+            msgs.add_metric([name], c.messages)
+            for reason, n in c.drops.items():
+                drops.add_metric([f"decode:{name}", reason], n)
+            connected.add_metric([name], float(getattr(src, "connected", True)))
+        for reason, n in d.engine_drops().items():
+            drops.add_metric(["engine", reason], n)
+        yield from (ingested, drops, msgs, connected)
+        ec = d.engine.counters
+        yield CounterMetricFamily("streamcorr_hops", "Windows evaluated", value=ec.hops)
+        yield CounterMetricFamily(
+            "streamcorr_hops_skipped", "Hops superseded because compute was behind", value=ec.hops_skipped
+        )
+        yield CounterMetricFamily("streamcorr_pairs_evaluated", "Pair estimates made", value=ec.pairs_evaluated)
+        yield GaugeMetricFamily("streamcorr_channels", "Channels in the matrix", value=len(d.engine.channels))
+        depth = GaugeMetricFamily("streamcorr_queue_depth", "Items waiting in bounded queues", labels=["queue"])
+        for name, n in d.queue_depths().items():
+            depth.add_metric([name], n)
+        yield depth
+        lat = HistogramMetricFamily("streamcorr_hop_seconds", "Compute time of one hop (align, ranks, model, publish)")
+        lat.add_metric([], d.hop_hist.buckets(), d.hop_hist.total)
+        yield lat
+        yield GaugeMetricFamily(
+            "streamcorr_publish_lag_seconds", "Wall time from hop end to publish", value=d.publish_lag_s
+        )
+        stages = CounterMetricFamily("streamcorr_stage_seconds", "Time spent per engine stage", labels=["stage"])
+        for stage, s in ec.stage_s.items():
+            stages.add_metric([stage], s)
+        yield stages
+
+
+class _Histogram:
+    """Cumulative bucket counts for the hop-latency histogram (read by the collector)."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, v: float) -> None:
+        k = next((i for i, b in enumerate(self.bounds) if v <= b), len(self.bounds))
+        self.counts[k] += 1
+        self.total += v
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for b, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
+            acc += n
+            out.append((b, float(acc)))
+        return out
+
+
+class Daemon:
+    """The long-running service behind `streamcorr run`. `await Daemon(cfg).run()` until `stop()` or a signal."""
+
+    def __init__(self, cfg: Config, *, estimator: Estimator | None = None) -> None:
+        self.cfg = cfg
+        self.engine = Engine(engine_config(cfg), estimator)
+        self.sources: list[tuple[str, Any]] = []
+        self.sinks: list[Any] = []
+        self.web: Any = None
+        self.hop_hist = _Histogram(_LATENCY_BUCKETS_S)
+        self.publish_lag_s = 0.0
+        self.started_wall = time.time()
+        self.http_url: str | None = None
+        self._stop = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self._build_sources()
+        self._build_sinks()
+
+    # -- construction ------------------------------------------------------------------------------
+    def _build_sources(self) -> None:
+        for k, s in enumerate(self.cfg.sources):
+            if s.type == "mqtt":
+                from .ingest.mqtt import MqttSource
+
+                src: Any = MqttSource(
+                    settings=mqtt_settings(s),
+                    topics=list(s.topics),
+                    decoder=_decoder(s),
+                    sink=self.engine.push,
+                    queue_size=s.queue_size,
+                )
+            else:
+                from .ingest.zmq import ZmqSource
+
+                src = ZmqSource(
+                    endpoint=s.endpoint,
+                    mode=s.mode,
+                    bind=s.bind,
+                    topics=list(s.topics),
+                    decoder=_decoder(s),
+                    sink=self.engine.push,
+                    rcvhwm=s.rcvhwm,
+                )
+            self.sources.append((f"{s.type}{k}", src))
+
+    def _build_sinks(self) -> None:
+        out = self.cfg.outputs
+        if out.zmq is not None:
+            from .publish.sinks import ZmqPublisher
+
+            z = out.zmq
+            self.sinks.append(
+                ZmqPublisher(
+                    endpoint=z.endpoint,
+                    bind=z.bind,
+                    snapshot_endpoint=z.snapshot_endpoint,
+                    prefix=z.prefix,
+                    top_k=z.top_k,
+                    threshold=z.threshold,
+                )
+            )
+        if out.mqtt is not None:
+            from .publish.sinks import MqttPublisher
+
+            m = out.mqtt
+            self.sinks.append(
+                MqttPublisher(
+                    settings=mqtt_settings(m),
+                    prefix=m.prefix,
+                    retain_snapshot=m.retain_snapshot,
+                    queue_size=m.queue_size,
+                    top_k=m.top_k,
+                    threshold=m.threshold,
+                )
+            )
+        if self.cfg.http.web:
+            from .publish.web import WebView
+
+            self.web = WebView(table_fn=self.engine.pair_table)
+
+    # -- state for metrics and status ---------------------------------------------------------------
+    def engine_drops(self) -> dict[str, int]:
+        ec = self.engine.counters
+        out = {"unknown_channel": ec.unknown_channel, "bad_sample": ec.bad_sample}
+        for ch in list(self.engine._channels.values()):
+            c = ch.buffer.counters
+            for reason in ("late", "duplicate", "nonfinite", "overwritten"):
+                out[reason] = out.get(reason, 0) + getattr(c, reason)
+        return out
+
+    def queue_depths(self) -> dict[str, int]:
+        depths = {}
+        for k, q in enumerate(self.engine._snap_queues):
+            depths[f"engine_snapshots_{k}"] = q.qsize()
+        for k, q in enumerate(self.engine._event_queues):
+            depths[f"engine_events_{k}"] = q.qsize()
+        for name, src in self.sources:
+            depth = getattr(src, "queue_depth", None)
+            if depth is not None:
+                depths[name] = int(depth() if callable(depth) else depth)
+        return depths
+
+    def status(self) -> dict[str, float]:
+        ec = self.engine.counters
+        out: dict[str, float] = {
+            "uptime_s": round(time.time() - self.started_wall, 3),
+            "channels": len(self.engine.channels),
+            "hops": ec.hops,
+            "hops_skipped": ec.hops_skipped,
+            "pairs_evaluated": ec.pairs_evaluated,
+            "publish_lag_s": round(self.publish_lag_s, 4),
+        }
+        for name, src in self.sources:
+            c = src.counters
+            out[f"{name}.messages"] = c.messages
+            out[f"{name}.samples_handed"] = c.handed
+            out[f"{name}.dropped"] = sum(c.drops.values())
+            for attr in ("connects", "disconnects"):
+                if hasattr(c, attr):
+                    out[f"{name}.{attr}"] = getattr(c, attr)
+        for reason, n in self.engine_drops().items():
+            out[f"engine.dropped.{reason}"] = n
+        return out
+
+    def healthy(self) -> tuple[bool, dict[str, Any]]:
+        engine_ok = self.engine._task is not None and not self.engine._task.done()
+        latest = self.engine.latest
+        body = {
+            "engine_running": engine_ok,
+            "sources_connected": {n: bool(getattr(s, "connected", True)) for n, s in self.sources},
+            "last_snapshot_seq": latest.seq if latest else None,
+            "last_snapshot_age_s": round(time.time() - latest.wall_ns / 1e9, 3) if latest else None,
+        }
+        return engine_ok, body
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    async def _start_http(self) -> None:
+        h = self.cfg.http
+        if not h.enabled:
+            return
+        registry = CollectorRegistry()
+        registry.register(_Metrics(self))
+
+        async def metrics(_req: web.Request) -> web.Response:
+            body = generate_latest(registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def health(_req: web.Request) -> web.Response:
+            ok, body = self.healthy()
+            return web.json_response({"status": "ok" if ok else "down", **body}, status=200 if ok else 503)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", health)
+        if self.web is not None:
+            self.web.attach(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, h.host, h.port)
+        await site.start()
+        port = self._runner.addresses[0][1] if self._runner.addresses else h.port
+        self.http_url = f"http://{h.host}:{port}"
+        log.info("http listening on %s (/metrics, /healthz%s)", self.http_url, ", / live view" if self.web else "")
+
+    # -- main loop ----------------------------------------------------------------------------------
+    async def _fan_out(self, what: str, it: Any, publish: Callable[[Any, Any], Awaitable[None]]) -> None:
+        async for item in it:
+            if what == "snapshot":
+                self.hop_hist.observe(self.engine.counters.last_hop_s)
+                self.publish_lag_s = max(0.0, time.time() - item.wall_ns / 1e9)
+            for sink in self.sinks:
+                try:
+                    await publish(sink, item)
+                except Exception:  # one failing sink must not stop the others
+                    log.exception("sink %s failed to publish a %s", type(sink).__name__, what)
+            if self.web is not None:
+                (self.web.publish_snapshot if what == "snapshot" else self.web.publish_event)(item)
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.outputs.status_interval_s)
+            status = self.status()
+            for sink in self.sinks:
+                with contextlib.suppress(Exception):
+                    await sink.publish_status("online", status)
+            if self.web is not None:
+                self.web.publish_stats(status)
+
+    def stop(self) -> None:
+        """Ask a running daemon to shut down gracefully (safe from a signal handler)."""
+        self._stop.set()
+
+    async def run(self, *, install_signals: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        await self._start_http()
+        tasks: list[asyncio.Task[Any]] = []
+        for sink in self.sinks:
+            if hasattr(sink, "start"):
+                await sink.start()
+            if hasattr(sink, "run"):
+                tasks.append(asyncio.create_task(sink.run(), name=f"sink-{type(sink).__name__}"))
+        if self.web is not None and self._runner is None:
+            await self.web.start()
+        await self.engine.start()
+        tasks.append(asyncio.create_task(self._fan_out("snapshot", self.engine.snapshots(), _pub_snapshot)))
+        tasks.append(asyncio.create_task(self._fan_out("event", self.engine.events(), _pub_event)))
+        tasks.append(asyncio.create_task(self._status_loop()))
+        ingest = [asyncio.create_task(src.run(), name=f"source-{name}") for name, src in self.sources]
+        log.info("running: %d source(s), %d sink(s)", len(self.sources), len(self.sinks))
+        try:
+            await self._stop.wait()
+        finally:
+            log.info("shutting down: stopping ingest")
+            await _cancel(ingest)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.engine.flush(), timeout=30)
+            await asyncio.sleep(0.05)  # let the fan-out tasks hand the last snapshot to the sinks
+            await _cancel(tasks[-3:])
+            await self.engine.stop()
+            final = self.status()
+            for sink in self.sinks:
+                try:
+                    await sink.close(self.engine.latest, final)
+                except Exception:
+                    log.exception("sink %s failed to close cleanly", type(sink).__name__)
+            await _cancel(tasks[:-3])
+            if self.web is not None and self._runner is None:
+                await self.web.stop()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            if install_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+            log.info("stopped")
+
+
+async def _pub_snapshot(sink: _Sink, snap: Snapshot) -> None:
+    await sink.publish_snapshot(snap)
+
+
+async def _pub_event(sink: _Sink, ev: ChangeEvent) -> None:
+    await sink.publish_event(ev)
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
