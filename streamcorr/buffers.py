@@ -90,7 +90,31 @@ class RingBuffer:
         values = np.asarray(values, dtype=np.float64)
         if t_ns.shape != values.shape or t_ns.ndim != 1:
             raise InputError(f"t_ns and values must be 1-D of equal length; got {t_ns.shape} and {values.shape}")
-        return sum(self.push(int(t), float(v)) for t, v in zip(t_ns, values, strict=True))
+        if t_ns.size == 0:
+            return 0
+        finite = np.isfinite(values)
+        # A sample is accepted iff it is later than every earlier sample (a rejected one never raises that bound).
+        floor = np.iinfo(np.int64).min if self.last_t_ns is None else self.last_t_ns
+        bound = np.maximum.accumulate(np.concatenate(([floor], np.where(finite, t_ns, floor)[:-1])))
+        ok = finite & (t_ns > bound)
+        self.counters.nonfinite += int((~finite).sum())
+        self.counters.duplicate += int((finite & (t_ns == bound)).sum())
+        self.counters.late += int((finite & (t_ns < bound)).sum())
+        n = int(ok.sum())
+        if n == 0:
+            return 0
+        t_ok, v_ok = t_ns[ok], values[ok]
+        self.counters.overwritten += max(0, self._size + n - self.capacity)
+        self.counters.accepted += n
+        if n > self.capacity:
+            t_ok, v_ok = t_ok[-self.capacity :], v_ok[-self.capacity :]
+        idx = (self._head + np.arange(len(t_ok))) % self.capacity
+        self._t[idx] = t_ok
+        self._v[idx] = v_ok
+        self._head = (self._head + n) % self.capacity
+        self._size = min(self.capacity, self._size + n)
+        self.last_t_ns = int(t_ok[-1])
+        return n
 
     def _order(self) -> np.ndarray:
         start = (self._head - self._size) % self.capacity

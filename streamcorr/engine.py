@@ -72,7 +72,7 @@ class EngineCounters:
     hops_skipped: int = 0  # hops superseded because compute was still busy
     pairs_evaluated: int = 0
     pairs_low_coverage: int = 0
-    unknown_channel: int = 0
+    unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
@@ -174,7 +174,6 @@ class Engine:
         ch = self._channels.get(name)
         if ch is None:
             if not self.cfg.auto_add_channels:
-                self.counters.unknown_channel += 1
                 return None
             log.info("new channel %r", name)
             self._add_channel(name)
@@ -184,10 +183,37 @@ class Engine:
     # -- ingest -------------------------------------------------------------------------------------
     def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
         """Append samples (t in seconds) to one channel; returns how many were accepted."""
+        t_ns = self._times_ns(t)
+        if t_ns is None:
+            self.counters.bad_sample += int(np.size(values)) or 1
+            return 0
+        return self._push_ns(channel, t_ns, values)
+
+    def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
+        """Append samples of several channels taken together at time(s) t (seconds); returns how many were accepted.
+
+        t is a scalar with one value per channel, or (n,) with n values per channel (a chunk of frames).
+        """
+        t_ns = self._times_ns(t)
+        if t_ns is None:
+            self.counters.bad_sample += sum(int(np.size(v)) or 1 for v in frame.values())
+            return 0
+        return sum(self._push_ns(name, t_ns, value) for name, value in frame.items())
+
+    def _times_ns(self, t: float | np.ndarray) -> np.ndarray | None:
         try:
-            t_ns = np.round(np.atleast_1d(np.asarray(t, dtype=np.float64)) * 1e9).astype(np.int64)
+            t_ns = np.round(np.atleast_1d(np.asarray(t, dtype=np.float64)) * 1e9)
+        except (TypeError, ValueError) as exc:
+            log.debug("bad timestamps: %s", exc)
+            return None
+        if t_ns.ndim != 1 or not np.isfinite(t_ns).all() or np.abs(t_ns).max(initial=0) > 9e18:
+            return None
+        return t_ns.astype(np.int64)
+
+    def _push_ns(self, channel: str, t_ns: np.ndarray, values: float | np.ndarray) -> int:
+        try:
             vals = np.atleast_1d(np.asarray(values, dtype=np.float64))
-            if t_ns.shape != vals.shape or t_ns.ndim != 1:
+            if t_ns.shape != vals.shape:
                 raise InputError(f"t and values must have the same 1-D shape; got {t_ns.shape} and {vals.shape}")
         except (TypeError, ValueError) as exc:
             self.counters.bad_sample += int(np.size(values)) or 1
@@ -195,15 +221,12 @@ class Engine:
             return 0
         ch = self._channel(channel)
         if ch is None:
+            self.counters.unknown_channel += len(t_ns)  # samples, so every sample is accounted for
             return 0
         accepted = ch.buffer.push_many(t_ns, vals)
         if accepted:
             self._advance(int(ch.buffer.last_t_ns or 0))
         return accepted
-
-    def push_frame(self, t: float, frame: Mapping[str, float]) -> int:
-        """Append one sample per channel, all taken at time t (seconds)."""
-        return sum(self.push(name, t, value) for name, value in frame.items())
 
     def _advance(self, t_ns: int) -> None:
         if self._stream_ns is None or t_ns > self._stream_ns:

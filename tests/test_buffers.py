@@ -33,6 +33,26 @@ def test_ring_buffer_matches_list_reference(capacity, pushes):
     assert len(buf) == len(kept)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20), samples, st.lists(st.integers(1, 30), min_size=1, max_size=10))
+def test_push_many_in_chunks_equals_one_at_a_time(capacity, pushes, cuts):
+    """Vectorised push_many keeps the same samples and the same counters as pushing one sample at a time."""
+    one, many = RingBuffer(capacity), RingBuffer(capacity)
+    for t, v in pushes:
+        one.push(t, v)
+    t_all = np.array([t for t, _ in pushes], dtype=np.int64)
+    v_all = np.array([v for _, v in pushes], dtype=np.float64)
+    start, k = 0, 0
+    while start < len(pushes):
+        stop = start + cuts[k % len(cuts)]
+        many.push_many(t_all[start:stop], v_all[start:stop])
+        start, k = stop, k + 1
+    assert many.times().tolist() == one.times().tolist()
+    assert many.values().tolist() == one.values().tolist()
+    assert many.counters == one.counters
+    assert many.last_t_ns == one.last_t_ns
+
+
 def test_late_and_duplicate_timestamps_are_counted_apart():
     """Out-of-order samples count as late, repeated timestamps as duplicate; neither enters the buffer."""
     buf = RingBuffer(8)
