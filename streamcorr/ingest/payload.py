@@ -1,0 +1,419 @@
+"""Payload decoding: message bytes (MQTT or ZeroMQ) -> per-channel batches of (t_s, value) samples.
+
+Transport-independent and synchronous. ``PayloadDecoder.decode`` never raises on a bad payload: every item
+of a message is either returned as a sample or counted, by reason, in ``decoder.counters.drops``.
+
+Wire formats
+------------
+A payload is UTF-8 JSON, msgpack, or a bare number. With ``format="auto"`` (the default) the first byte
+decides: ``{`` (after optional whitespace) is JSON; a msgpack map header (0x80-0x8f, 0xde, 0xdf) is msgpack;
+anything else is tried as an ASCII number, then as msgpack. Three shapes are understood:
+
+1. **Bare number** -- ``23.5`` (ASCII text, or a JSON or msgpack number). One sample, key ``value``, stamped
+   with the arrival time.
+2. **Fields** -- an object (JSON object or msgpack map with string keys) of one sample per channel:
+   ``{"t": 1712.5, "ax": 0.1, "ay": 0.2}``. Each field other than the reserved names below is a channel
+   (key = field name) and must be a number. Without a time field all samples get the arrival time.
+3. **Chunk** -- many samples and channels per message; an object with a ``channels`` field:
+
+   * ``{"t": [t_0, ..., t_n-1], "channels": {"ax": [n numbers], "ay": [n numbers]}}`` -- explicit times; every
+     channel array must have the length of ``t``.
+   * ``{"t0": start, "dt": period, "channels": {"ax": [...], ...}}`` -- sample k of each channel is at
+     ``t0 + k * dt`` (``dt`` > 0); channel arrays may differ in length here.
+   * In msgpack, any of these arrays (``t`` and channel arrays) may instead be a bin (bytes) value holding
+     little-endian IEEE-754 float64 (numpy ``"<f8"``), 8 bytes per element.
+
+Reserved names, never channels: the time field (``t`` unless ``time_field`` says otherwise), ``t0``, ``dt``,
+``channels`` and ``seq``. ``seq`` (optional, an integer incremented by one per message and topic) lets the
+decoder count messages lost before they reached it (``seq_gaps``), e.g. ZeroMQ high-water drops, which are
+otherwise silent at the receiver.
+
+All times (``t``, ``t0``, ``dt``) are numbers in ``time_unit`` (seconds by default), usually since the Unix
+epoch. They are converted to float64 seconds (about 0.24 us resolution today) and must be finite and below
+9.2e9 s (the engine's int64 nanosecond clock). Values are float64. JSON has no NaN: the non-standard tokens
+``NaN``, ``Infinity`` and ``-Infinity`` are accepted and ``null`` is read as NaN; such samples are handed on
+and the engine counts them as non-finite. Numbers beyond float64 (``1e400`` in JSON) become +-inf; an
+integer too large to convert is dropped ("range").
+
+Channel names come from ``channel_template``, a ``str.format`` template over ``{topic}`` (the whole topic),
+``{topic[0]}``, ``{topic[1]}``, ... (its ``/``-separated levels; ``{topic[-1]}`` is the last) and ``{key}``
+(the field name). Topic ``robot/arm/imu1`` with ``"{topic[2]}.{key}"`` gives ``imu1.ax``.
+
+Drop reasons (items counted, each under the first reason that applies)
+--------------------------------------------------------------------
+Whole messages whose item count cannot be known count as one: ``oversize`` (more than
+``max_payload_bytes``), ``empty`` (zero bytes, or nothing in it to decode), ``decode`` (not valid in the
+format), ``schema`` (parsed, but neither a number nor an object; or ``channels`` is not a non-empty object).
+Per item: ``schema`` (a chunk without usable timing; an unknown or misused top-level key of a chunk; a bad
+``seq``), ``key`` (a field name that is not a string), ``template`` (the topic lacks a level the template
+needs, or the name is empty), ``type`` (a value that is not a number: string, bool, nested object, or an
+array that is neither a list nor whole float64 bytes -- counted as one), ``range`` (integer beyond float64),
+``length`` (a channel array whose length differs from ``t``), ``time`` (its time is missing, not a number,
+not finite or out of range), ``too_many_samples`` (the message holds more than ``max_samples_per_message``:
+all its samples).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+from typing import Any, Literal
+
+import msgpack
+import numpy as np
+
+from ..errors import ConfigError
+from .source import Batch, IngestCounters, RateLimitedLog
+
+__all__ = ["Batch", "PayloadDecoder"]
+
+log = logging.getLogger("streamcorr.ingest.payload")
+
+Format = Literal["auto", "json", "msgpack", "number"]
+TimeUnit = Literal["s", "ms", "us", "ns"]
+_UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+MAX_ABS_T_S = 9.2e9  # int64 nanoseconds reach 9.22e9 s
+_MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+_FIELD = re.compile(r"^(?:key|topic(?:\[-?\d+\])?)$")
+_MISSING = object()
+_CACHE_MAX = 65_536  # (topic, key) -> channel names remembered; cleared when full
+
+
+class _Topic:
+    """A topic as the template sees it: formats as the whole topic, indexes as its levels."""
+
+    __slots__ = ("levels", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.levels = text.split("/")
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __getitem__(self, index: int | str) -> str:
+        return self.levels[int(index)]  # str.format passes "-1" as a string, 0 as an int
+
+
+class PayloadDecoder:
+    """Turns message payloads into per-channel sample batches, counting whatever it cannot use.
+
+    >>> dec = PayloadDecoder(channel_template="{topic[2]}.{key}")
+    >>> [(b.channel, b.t_s.tolist(), b.values.tolist())
+    ...  for b in dec.decode("robot/arm/imu1", b'{"t": 1712.5, "ax": 0.1, "ay": "x"}', arrival_s=0.0)]
+    [('imu1.ax', [1712.5], [0.1])]
+    >>> dec.counters.samples_decoded, dec.counters.drops
+    (1, {'type': 1})
+    >>> [b.t_s.tolist() for b in dec.decode("a/b/c", b'{"t0": 10, "dt": 0.5, "channels": {"v": [1, 2]}}', 0.0)]
+    [[10.0, 10.5]]
+    """
+
+    def __init__(
+        self,
+        *,
+        format: Format = "auto",
+        channel_template: str = "{topic}/{key}",
+        time_field: str = "t",
+        time_unit: TimeUnit = "s",
+        max_payload_bytes: int = 1 << 20,
+        max_samples_per_message: int = 100_000,
+        seq_field: str | None = "seq",
+        counters: IngestCounters | None = None,
+    ) -> None:
+        if format not in ("auto", "json", "msgpack", "number"):
+            raise ConfigError(f"format must be one of auto, json, msgpack, number; got {format!r}")
+        if time_unit not in _UNIT_S:
+            raise ConfigError(f"time_unit must be one of s, ms, us, ns; got {time_unit!r}")
+        if max_payload_bytes < 1 or max_samples_per_message < 1:
+            raise ConfigError(
+                f"max_payload_bytes and max_samples_per_message must be >= 1; "
+                f"got {max_payload_bytes} and {max_samples_per_message}"
+            )
+        if not time_field or time_field in ("t0", "dt", "channels") or time_field == seq_field:
+            raise ConfigError(f"time_field {time_field!r} is empty or clashes with a reserved name")
+        _check_template(channel_template)
+        self.format = format
+        self.channel_template = channel_template
+        self.time_field = time_field
+        self.time_scale = _UNIT_S[time_unit]
+        self.max_payload_bytes = max_payload_bytes
+        self.max_samples_per_message = max_samples_per_message
+        self.seq_field = seq_field
+        self.counters = counters if counters is not None else IngestCounters()
+        self._reserved = {time_field, "t0", "dt", "channels"} | ({seq_field} if seq_field else set())
+        self._names: dict[tuple[str, str], str | None] = {}
+        self._last_seq: dict[str, int] = {}
+        self._rate_log = RateLimitedLog(log)
+        self._msg_drops = 0  # items dropped in the message being decoded
+
+    # -- public -----------------------------------------------------------------------------------
+    def decode(self, topic: str, payload: bytes, arrival_s: float) -> list[Batch]:
+        """Samples in one message, one batch per channel; bad items are counted, never raised."""
+        self.counters.messages += 1
+        self._msg_drops = 0
+        if len(payload) > self.max_payload_bytes:
+            return self._reject(topic, "oversize", f"{len(payload)} bytes > max_payload_bytes")
+        if len(payload) == 0:
+            return self._reject(topic, "empty", "zero-length payload")
+        try:
+            obj = self._parse(bytes(payload))
+        except Exception as exc:  # any parser failure (ValueError, RecursionError, msgpack errors) is "decode"
+            return self._reject(topic, "decode", f"{type(exc).__name__}: {exc}")
+        if isinstance(obj, dict):
+            out = self._object(topic, obj, arrival_s)
+        elif _is_number(obj) or obj is None:
+            out = self._fields(topic, {"value": obj}, arrival_s)
+        else:
+            return self._reject(topic, "schema", f"top level is {type(obj).__name__}, not a number or object")
+        if not out and not self._msg_drops:  # nothing to decode and nothing wrong: still accounted for
+            self._drop(topic, "empty", "no samples in the message")
+        self.counters.samples_decoded += sum(len(b.t_s) for b in out)
+        return out
+
+    def channel(self, topic: str, key: str) -> str | None:
+        """The channel name for a topic and field, or None where the template cannot be filled."""
+        cache_key = (topic, key)
+        name = self._names.get(cache_key, _MISSING)
+        if name is _MISSING:
+            try:
+                name = self.channel_template.format(topic=_Topic(topic), key=key) or None
+            except (IndexError, ValueError, KeyError):
+                name = None
+            if len(self._names) >= _CACHE_MAX:
+                self._names.clear()
+            self._names[cache_key] = name
+        return name  # type: ignore[return-value]
+
+    # -- parsing ----------------------------------------------------------------------------------
+    def _parse(self, payload: bytes) -> Any:
+        fmt = self.format
+        if fmt == "auto":
+            first = payload.lstrip()[:1]
+            if first == b"{":
+                fmt = "json"
+            elif payload[0] in _MSGPACK_MAP:
+                fmt = "msgpack"
+            else:
+                try:
+                    return float(payload.decode("ascii"))
+                except (UnicodeDecodeError, ValueError):
+                    fmt = "msgpack"
+        if fmt == "json":
+            return json.loads(payload)
+        if fmt == "msgpack":
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        return float(payload.decode("ascii"))
+
+    def _reject(self, topic: str, reason: str, detail: str, n: int = 1) -> list[Batch]:
+        self._drop(topic, reason, detail, n)
+        return []
+
+    def _drop(self, topic: str, reason: str, detail: str, n: int = 1) -> None:
+        if n <= 0:
+            return
+        self.counters.drop(reason, n)
+        self._msg_drops += n
+        self._rate_log(logging.WARNING, reason, "dropped %d item(s) on %r: %s (%s)", n, topic, reason, detail)
+
+    # -- shapes -----------------------------------------------------------------------------------
+    def _object(self, topic: str, obj: dict[Any, Any], arrival_s: float) -> list[Batch]:
+        if self.seq_field is not None and self.seq_field in obj:
+            self._sequence(topic, obj[self.seq_field])
+        if "channels" in obj:
+            return self._chunk(topic, obj)
+        for key in ("t0", "dt"):
+            if key in obj and key != self.time_field:
+                self._drop(topic, "schema", f"{key!r} outside a chunk")
+        fields = {k: v for k, v in obj.items() if k not in self._reserved}
+        return self._fields(topic, fields, arrival_s, obj.get(self.time_field, _MISSING))
+
+    def _sequence(self, topic: str, seq: Any) -> None:
+        if type(seq) is not int:
+            self._drop(topic, "schema", f"seq must be an integer, got {type(seq).__name__}")
+            return
+        last = self._last_seq.get(topic)
+        if last is not None:
+            if seq > last + 1:
+                self.counters.seq_gaps += seq - last - 1
+            elif seq <= last:
+                self.counters.seq_resets += 1
+        elif len(self._last_seq) >= _CACHE_MAX:
+            self._last_seq.clear()
+        self._last_seq[topic] = seq
+
+    def _fields(self, topic: str, fields: dict[Any, Any], arrival_s: float, t_raw: Any = _MISSING) -> list[Batch]:
+        if not fields:
+            return []
+        if len(fields) > self.max_samples_per_message:
+            return self._reject(topic, "too_many_samples", f"{len(fields)} fields", len(fields))
+        if t_raw is _MISSING:
+            t_s = arrival_s
+        else:
+            t = _scalar(t_raw)
+            t_s = t * self.time_scale if t is not None else float("nan")
+            if not abs(t_s) < MAX_ABS_T_S:  # also catches NaN
+                return self._reject(topic, "time", f"bad time {t_raw!r:.40}", len(fields))
+        out = []
+        for key, raw in fields.items():
+            if not isinstance(key, str):
+                self._drop(topic, "key", f"field name {key!r:.40} is not a string")
+                continue
+            name = self.channel(topic, key)
+            if name is None:
+                self._drop(topic, "template", f"{self.channel_template!r} with key {key!r:.40}")
+                continue
+            value, reason = _value(raw)
+            if reason:
+                self._drop(topic, reason, f"field {key!r:.40} = {raw!r:.40}")
+                continue
+            out.append(Batch(name, np.array([t_s]), np.array([value])))
+        return out
+
+    def _chunk(self, topic: str, obj: dict[Any, Any]) -> list[Batch]:
+        chans = obj["channels"]
+        if not isinstance(chans, dict) or not chans:
+            return self._reject(topic, "schema", "'channels' must be a non-empty object of arrays")
+        for key in obj:
+            if key not in self._reserved:
+                self._drop(topic, "schema", f"unknown key {key!r:.40} in a chunk")
+        sizes = {key: _size(arr) for key, arr in chans.items()}
+        total = sum(n if n is not None else 1 for n in sizes.values())
+        if total > self.max_samples_per_message:
+            return self._reject(topic, "too_many_samples", f"{total} samples", total)
+        times = self._chunk_times(topic, obj)
+        out = []
+        for key, arr in chans.items():
+            n = sizes[key]
+            count = n if n is not None else 1
+            if not isinstance(key, str):
+                self._drop(topic, "key", f"channel name {key!r:.40} is not a string", count)
+                continue
+            name = self.channel(topic, key)
+            if name is None:
+                self._drop(topic, "template", f"{self.channel_template!r} with key {key!r:.40}", count)
+                continue
+            if n is None:
+                self._drop(topic, "type", f"channel {key!r:.40} is {type(arr).__name__}, not an array")
+                continue
+            if times is None:
+                self._drop(topic, "schema", "chunk without 't' array or 't0' and 'dt'", n)
+                continue
+            if isinstance(times, tuple):
+                t0, dt = times
+                t_s = t0 + dt * np.arange(n)
+            elif len(times) != n:
+                self._drop(topic, "length", f"channel {key!r:.40} has {n} samples, 't' has {len(times)}", n)
+                continue
+            else:
+                t_s = times
+            values, value_ok, n_type, n_range = _array(arr)
+            self._drop(topic, "type", f"non-numbers in channel {key!r:.40}", n_type)
+            self._drop(topic, "range", f"integers beyond float64 in channel {key!r:.40}", n_range)
+            time_ok = np.abs(t_s) < MAX_ABS_T_S
+            keep = value_ok & time_ok
+            self._drop(topic, "time", f"bad times for channel {key!r:.40}", int((value_ok & ~time_ok).sum()))
+            if n == 0:
+                continue
+            if keep.all():
+                out.append(Batch(name, t_s.astype(np.float64, copy=False), values))
+            elif keep.any():
+                out.append(Batch(name, t_s[keep], values[keep]))
+        return out
+
+    def _chunk_times(self, topic: str, obj: dict[Any, Any]) -> np.ndarray | tuple[float, float] | None:
+        """Times in seconds: an array (NaN where invalid), (t0_s, dt_s), or None where unusable."""
+        if self.time_field in obj:
+            raw = obj[self.time_field]
+            if _size(raw) is None:
+                return None
+            t, ok, _, _ = _array(raw)
+            t = t * self.time_scale
+            t[~ok] = np.nan
+            return t
+        t0, dt = _scalar(obj.get("t0")), _scalar(obj.get("dt"))
+        if t0 is None or dt is None or not (dt > 0 and np.isfinite(dt) and np.isfinite(t0)):
+            return None
+        return t0 * self.time_scale, dt * self.time_scale
+
+
+def _check_template(template: str) -> None:
+    """Raise ConfigError unless the template uses only {topic}, {topic[N]} and {key}."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ConfigError(f"channel_template {template!r} is not a valid format string: {exc}") from exc
+    bad = [f for f in fields if not _FIELD.match(f)]
+    if bad:
+        msg = f"channel_template {template!r} may use only {{topic}}, {{topic[N]}} and {{key}}; found {bad}"
+        raise ConfigError(msg)
+    if not template:
+        raise ConfigError("channel_template is empty; use e.g. '{topic}/{key}'")
+    try:
+        template.format(topic=_Topic("/".join(["x"] * 1000)), key="k")
+    except (ValueError, IndexError) as exc:
+        raise ConfigError(f"channel_template {template!r} cannot be filled: {exc}") from exc
+
+
+def _is_number(x: Any) -> bool:
+    return type(x) is float or type(x) is int  # bool is an int subclass and is not a sample
+
+
+def _scalar(x: Any) -> float | None:
+    """A time-like number as float, or None."""
+    if not _is_number(x):
+        return None
+    try:
+        return float(x)
+    except OverflowError:
+        return None
+
+
+def _value(x: Any) -> tuple[float, str]:
+    """(value, "") or (nan, drop reason); None reads as NaN (JSON's only way to say 'no value')."""
+    if type(x) is float:
+        return x, ""
+    if x is None:
+        return float("nan"), ""
+    if type(x) is int:
+        try:
+            return float(x), ""
+        except OverflowError:
+            return float("nan"), "range"
+    return float("nan"), "type"
+
+
+def _size(arr: Any) -> int | None:
+    """Number of samples in an array value, or None where it is not an array."""
+    if isinstance(arr, list):
+        return len(arr)
+    if isinstance(arr, bytes) and len(arr) % 8 == 0:
+        return len(arr) // 8
+    return None
+
+
+def _array(arr: list[Any] | bytes) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(float64 values, valid mask, count of non-numbers, count of integers beyond float64)."""
+    if isinstance(arr, bytes):
+        values = np.frombuffer(arr, dtype="<f8").astype(np.float64)
+        return values, np.ones(len(values), dtype=bool), 0, 0
+    if all(type(x) is float or type(x) is int for x in arr):  # the fast path, almost always taken
+        try:
+            values = np.array(arr, dtype=np.float64)
+            return values, np.ones(len(values), dtype=bool), 0, 0
+        except OverflowError:
+            pass
+    values = np.empty(len(arr))
+    ok = np.ones(len(arr), dtype=bool)
+    n_type = n_range = 0
+    for k, raw in enumerate(arr):
+        values[k], reason = _value(raw)
+        if reason:
+            ok[k] = False
+            n_type += reason == "type"
+            n_range += reason == "range"
+    return values, ok, n_type, n_range

@@ -1,0 +1,141 @@
+"""What every transport source shares: the ingest ledger, rate-limited logging, handing batches to the sink.
+
+The ledger is exact. For one source (one decoder):
+
+* messages published = ``messages`` + ``queue_full`` (+ losses the transport hides: ZeroMQ SUB high-water
+  drops and broker-side MQTT drops, which only a ``seq`` field in the payload reveals as ``seq_gaps``);
+* items in the decoded messages = ``samples_decoded`` + ``dropped`` (by reason in ``drops``; the decode
+  reasons are listed in ``payload``; transports add "frames" and "topic" (ZeroMQ) and "internal", a decoder
+  bug, logged with its traceback);
+* ``samples_decoded`` = ``samples_handed`` (every decoded sample goes to the sink);
+* ``samples_handed`` = ``samples_accepted`` + ``samples_rejected`` (the engine counts its own reasons:
+  late, duplicate, non-finite, unknown channel).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["ArrivalClock", "Batch", "IngestCounters", "RateLimitedLog", "Sink", "deliver"]
+
+# (channel, t_s, values) -> samples accepted; Engine.push has this shape.
+Sink = Callable[[str, np.ndarray, np.ndarray], int]
+
+
+class Batch(NamedTuple):
+    """Samples of one channel from one message: float64 seconds and float64 values of equal length."""
+
+    channel: str
+    t_s: np.ndarray
+    values: np.ndarray
+
+
+@dataclass
+class IngestCounters:
+    """The ingest ledger of one source (see the module docstring for the identities it satisfies).
+
+    >>> c = IngestCounters()
+    >>> c.drop("decode"); c.drop("type", 3)
+    >>> c.dropped, c.drops
+    (4, {'decode': 1, 'type': 3})
+    """
+
+    messages: int = 0  # messages received and handled (decoded, or dropped whole)
+    samples_decoded: int = 0
+    drops: dict[str, int] = field(default_factory=dict)  # items dropped at decode, by reason
+    samples_handed: int = 0  # passed to the sink
+    samples_accepted: int = 0  # the sink's return values, summed
+    sink_errors: int = 0  # sink calls that raised; their samples count as handed, not accepted
+    queue_full: int = 0  # messages discarded undecoded because the bounded incoming queue was full
+    seq_gaps: int = 0  # messages missing by the payloads' "seq" numbers (lost before reaching us)
+    seq_resets: int = 0  # "seq" went backwards or repeated (publisher restart)
+    connects: int = 0
+    disconnects: int = 0
+    connect_failures: int = 0
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.drops[reason] = self.drops.get(reason, 0) + n
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.drops.values())
+
+    @property
+    def samples_rejected(self) -> int:
+        """Handed to the sink but not accepted by it (the engine says why in its own counters)."""
+        return self.samples_handed - self.samples_accepted
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in vars(self).items() if k != "drops"}
+        out["drops"] = dict(self.drops)
+        out["dropped"] = self.dropped
+        out["samples_rejected"] = self.samples_rejected
+        return out
+
+
+class RateLimitedLog:
+    """Logs the first message per key, then at most one per ``interval_s`` with a count of those held back.
+
+    >>> import logging
+    >>> rl = RateLimitedLog(logging.getLogger("doctest"), interval_s=60)
+    >>> [rl(logging.INFO, "k", "hello") for _ in range(3)]
+    [True, False, False]
+    """
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._state: dict[str, tuple[float, int]] = {}  # key -> (last logged, suppressed since)
+
+    def __call__(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> bool:
+        now = time.monotonic()
+        last, held = self._state.get(key, (-math.inf, 0))
+        if now - last < self.interval_s:
+            self._state[key] = (last, held + 1)
+            return False
+        if len(self._state) > 1024:  # keys are meant to be few (reasons); never let them grow without bound
+            self._state.clear()
+        self._state[key] = (now, 0)
+        if held:
+            msg += " (%d similar messages suppressed)"
+            args = (*args, held)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
+        return True
+
+
+class ArrivalClock:
+    """Wall-clock seconds that strictly increase, for samples that carry no timestamp of their own.
+
+    float64 epoch seconds resolve about 0.24 us, so two messages decoded back to back could share a
+    timestamp and the engine would reject the second as a duplicate; each reading is at least ``min_step_s``
+    after the previous one.
+    """
+
+    def __init__(self, min_step_s: float = 1e-6) -> None:
+        self.min_step_s = min_step_s
+        self._last = -math.inf
+
+    def __call__(self) -> float:
+        self._last = max(time.time(), self._last + self.min_step_s)
+        return self._last
+
+
+def deliver(batches: Iterable[Batch], sink: Sink, counters: IngestCounters, rate_log: RateLimitedLog) -> None:
+    """Hand each batch to the sink and book it; a raising sink is counted and logged, never propagated."""
+    for batch in batches:
+        n = len(batch.t_s)
+        counters.samples_handed += n
+        try:
+            accepted = sink(batch.channel, batch.t_s, batch.values)
+        except Exception:
+            counters.sink_errors += 1
+            rate_log(logging.ERROR, "sink", "sink raised on %d samples of %r", n, batch.channel, exc_info=True)
+            continue
+        counters.samples_accepted += int(accepted)

@@ -1,0 +1,183 @@
+"""ZeroMQ in: a SUB or PULL socket whose messages are decoded into samples for a sink (``Engine.push``).
+
+Messages are multipart ``[topic, payload]``; a single frame is a payload with topic ``""``; more frames are a
+counted drop ("frames"). SUB filters by topic prefix (ZeroMQ matches the first frame, so for single-frame
+messages the filter applies to the payload); PULL ignores ``topics``. Connecting sockets reconnect by
+themselves (libzmq), so ``run`` only returns when cancelled; ``connects`` and ``disconnects`` count peer
+sessions from the socket monitor.
+
+Backpressure: libzmq queues at most ``rcvhwm`` messages. PUSH -> PULL blocks the sender when full (nothing
+is lost); PUB -> SUB drops at the publisher or receiver **silently**: publishers that need to know add an
+integer ``seq`` field to each payload (incremented per message and topic), and the decoder counts the
+missing ones in ``counters.seq_gaps``. Messages larger than ``max_message_bytes`` (default: twice the
+decoder's ``max_payload_bytes``) make libzmq drop the peer's connection (it reconnects; counted in
+``disconnects``), so queued memory stays below ``rcvhwm * max_message_bytes``; messages between the
+decoder's limit and this one are counted as "oversize".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Literal
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from ..errors import ConfigError
+from .payload import PayloadDecoder
+from .source import ArrivalClock, IngestCounters, RateLimitedLog, Sink, deliver
+
+__all__ = ["ZmqSource"]
+
+log = logging.getLogger("streamcorr.ingest.zmq")
+
+_YIELD_EVERY = 64  # messages handled before giving the event loop a turn (ready messages never suspend)
+_PEER_UP = (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED)
+_PEER_DOWN = (zmq.EVENT_DISCONNECTED,)
+
+
+class ZmqSource:
+    """Receives ``[topic, payload]`` messages on a ZeroMQ SUB or PULL socket and feeds a sink.
+
+    >>> src = ZmqSource(endpoint="tcp://127.0.0.1:5555", decoder=PayloadDecoder(), sink=lambda ch, t, v: len(t))
+    >>> src.mode, src.topics, src.peers
+    ('sub', [''], 0)
+
+    Run it with ``await src.run()`` (until cancelled). With ``bind=True`` and a wildcard port
+    (``tcp://127.0.0.1:*``) the bound address appears in ``bound_endpoint`` once ``ready`` is set.
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        mode: Literal["sub", "pull"] = "sub",
+        bind: bool = False,
+        topics: list[str] | None = None,
+        decoder: PayloadDecoder,
+        sink: Sink,
+        rcvhwm: int = 10_000,
+        context: zmq.Context[Any] | None = None,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        if mode not in ("sub", "pull"):
+            raise ConfigError(f"mode must be 'sub' or 'pull'; got {mode!r}")
+        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
+        if rcvhwm < 1:
+            raise ConfigError(f"rcvhwm must be >= 1 message; got {rcvhwm}")
+        topics = [""] if topics is None else list(topics)
+        if mode == "sub" and not topics:
+            raise ConfigError("topics is empty, so a SUB socket would receive nothing; use [''] for all")
+        self.endpoint = endpoint
+        self.mode = mode
+        self.bind = bind
+        self.topics = topics
+        self.decoder = decoder
+        self.sink = sink
+        self.rcvhwm = rcvhwm
+        self.max_message_bytes = max_message_bytes or 2 * decoder.max_payload_bytes
+        self.counters: IngestCounters = decoder.counters  # one ledger: decode drops and transport stats
+        self.bound_endpoint: str | None = None
+        self.ready = asyncio.Event()
+        self.peers = 0  # peer sessions up now (connections, for a binding socket)
+        self._context = context
+        self._clock = ArrivalClock()
+        self._rate_log = RateLimitedLog(log)
+
+    @property
+    def connected(self) -> bool:
+        return self.peers > 0
+
+    def _socket(self) -> zmq.asyncio.Socket:
+        ctx = self._context
+        if ctx is None:
+            actx = zmq.asyncio.Context.instance()
+        elif isinstance(ctx, zmq.asyncio.Context):
+            actx = ctx
+        else:
+            actx = zmq.asyncio.Context.shadow(ctx.underlying)
+        sock = actx.socket(zmq.SUB if self.mode == "sub" else zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+    async def run(self) -> None:
+        """Bind or connect, then receive until cancelled."""
+        sock = self._socket()
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        watcher = asyncio.create_task(self._watch(monitor), name="zmq-source-monitor")
+        try:
+            try:
+                if self.bind:
+                    sock.bind(self.endpoint)
+                    self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+                else:
+                    sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:
+                verb = "bind" if self.bind else "connect"
+                raise ConfigError(f"cannot {verb} ZeroMQ socket to {self.endpoint!r}: {exc}") from exc
+            if self.mode == "sub":
+                for topic in self.topics:
+                    sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            log.info("zmq %s %s %s", self.mode, "bound to" if self.bind else "connected to", self.endpoint)
+            self.ready.set()
+            handled = 0
+            while True:
+                frames = await sock.recv_multipart()
+                self._handle(frames)
+                handled += 1
+                if handled % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self.ready.clear()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+            self.peers = 0
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            kind = event["event"]
+            if kind in _PEER_UP:
+                self.counters.connects += 1
+                self.peers += 1
+            elif kind in _PEER_DOWN:
+                self.counters.disconnects += 1
+                self.peers = max(0, self.peers - 1)
+                where = event["endpoint"].decode(errors="replace")
+                self._rate_log(logging.WARNING, "disconnect", "zmq peer disconnected (%s)", where)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) == 1:
+            topic_bytes, payload = b"", frames[0]
+        elif len(frames) == 2:
+            topic_bytes, payload = frames
+        else:
+            self.counters.messages += 1
+            self.counters.drop("frames")
+            self._rate_log(logging.WARNING, "frames", "dropped a %d-frame message (want [topic, payload])", len(frames))
+            return
+        try:
+            topic = topic_bytes.decode()
+        except UnicodeDecodeError:
+            self.counters.messages += 1
+            self.counters.drop("topic")
+            self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8: %r", topic_bytes[:40])
+            return
+        try:
+            batches = self.decoder.decode(topic, payload, self._clock())
+        except Exception:  # the decoder must not raise; if it does, the message is counted, not fatal
+            self.counters.drop("internal")
+            self._rate_log(logging.ERROR, "internal", "decoder failed on %r", topic, exc_info=True)
+            return
+        deliver(batches, self.sink, self.counters, self._rate_log)
