@@ -210,6 +210,30 @@ class Estimator:
             raise InputError(f"x and y must have the same length; got {xa.shape[0]} and {ya.shape[0]}")
         return float(self.estimate_batch(xa[None], ya[None])[0])
 
+    def matrix(self, data: object) -> np.ndarray:
+        """MI (C, C) in nats between every pair of rows of data (C, T); the diagonal is NaN.
+
+        Ranks are computed once per row and shared by all pairs that use it.
+        With nonfinite='drop', each pair is estimated over the samples where both rows are finite.
+        """
+        d = _as_array(data, "data")
+        if d.ndim != 2 or d.shape[0] < 2:
+            raise InputError(f"data must be (channels, samples) with at least 2 channels; got shape {d.shape}")
+        c = d.shape[0]
+        i, j = np.triu_indices(c, 1)
+        out = np.full((c, c), np.nan)
+        if np.isfinite(d).all():
+            self._check_length(d.shape[1])
+            u = rank_transform(d)
+            marg = marginal_histograms(u, self.grid)
+            mi = self.estimate_histograms(pair_histograms(u, u, self.grid, i, j), marg[i], marg[j])
+            constant = d.min(axis=1) == d.max(axis=1)
+            mi[constant[i] | constant[j]] = 0.0
+        else:
+            mi = self.estimate_batch(d[i], d[j])
+        out[i, j] = out[j, i] = mi
+        return out
+
     def table(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray]:
         """The lookup table theta (G, G) of one pair and its node positions (G,) in [0, 1].
 

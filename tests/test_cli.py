@@ -34,3 +34,19 @@ def test_estimate_command_reads_csv(tmp_path, capsys):
     assert float(capsys.readouterr().out) > 0.5
     assert main(["estimate", str(path), "a", "zz"]) == 2
     assert "column 'zz'" in capsys.readouterr().err
+
+
+def test_matrix_command_prints_and_writes_png(tmp_path, capsys):
+    """`streamcorr matrix` prints the MI of every column pair and writes a heatmap; Pearson-blind x^2 is found."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(1500)
+    cols = {"x": x, "sq": x**2 + 0.2 * rng.standard_normal(1500), "noise": rng.standard_normal(1500)}
+    csv = tmp_path / "data.csv"
+    np.savetxt(csv, np.column_stack(list(cols.values())), delimiter=",", header=",".join(cols), comments="")
+    assert main(["matrix", str(csv), "--window", "1000"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:6]}
+    assert float(rows["x"][1]) > 0.5 and float(rows["x"][2]) < 0.05
+    png = tmp_path / "data_mi.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["matrix", str(csv), "--columns", "x", "nope"]) == 2
