@@ -1,0 +1,394 @@
+"""The Subscriber against real publishers: ZeroMQ on loopback, the Mosquitto broker, and a tiny real Engine."""
+
+import asyncio
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from streamcorr.errors import ConfigError, StreamcorrError
+from streamcorr.ingest.mqtt import MqttSettings
+from streamcorr.publish.changes import ChangeEvent
+from streamcorr.publish.envelope import Status, encode_event, encode_status
+from streamcorr.publish.mqtt_sink import MqttPublisher
+from streamcorr.publish.sinks import forward
+from streamcorr.publish.snapshot import Snapshot
+from streamcorr.publish.subscriber import Subscriber
+from streamcorr.publish.zmq_sink import ZmqPublisher
+from tests.test_sinks import ANY_PORT, make_event, make_snapshot, prefix, private_broker, until
+
+__all__ = ["prefix", "private_broker"]  # fixtures shared with test_sinks
+
+
+def assert_same_snapshot(got: Snapshot, sent: Snapshot) -> None:
+    """Equal up to the float32 of the wire."""
+    assert (got.seq, got.t_ns, got.wall_ns, got.channels) == (sent.seq, sent.t_ns, sent.wall_ns, sent.channels)
+    for name in ("mi", "age_s", "coverage"):
+        np.testing.assert_array_equal(getattr(got, name), np.asarray(getattr(sent, name), dtype=np.float32))
+
+
+async def joined(pub: ZmqPublisher, sub: Subscriber) -> None:
+    """Publish statuses until the subscriber hears one live (a fresh SUB misses what is sent before it joins)."""
+    start = sub.counters.received["status"]
+    for _ in range(300):
+        await pub.publish_status("online", {})
+        await asyncio.sleep(0.01)
+        if sub.counters.received["status"] > start:
+            return
+    raise AssertionError("the subscriber never joined")
+
+
+# -- ZeroMQ -----------------------------------------------------------------------------------------
+def test_zmq_subscriber_receives_the_snapshots_and_events_that_were_published():
+    """Snapshots (NaN and inf cells included) and events come out of the Subscriber equal to what went in."""
+    rng = np.random.default_rng(20)
+
+    async def main():
+        async with (
+            ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT) as pub,
+            Subscriber(pub.endpoint, snapshot_url=pub.snapshot_endpoint) as sub,
+        ):
+            await joined(pub, sub)
+            snaps = [make_snapshot(rng, n=5, seq=k) for k in range(1, 4)]
+            events = [make_event(rng, k) for k in range(3)]
+            for snap, ev in zip(snaps, events, strict=True):
+                await pub.publish_snapshot(snap)
+                await pub.publish_event(ev)
+            got_snaps = [s async for s in sub.snapshots(timeout_s=1)]
+            got_events = [e async for e in sub.events(timeout_s=0.2)]
+            status = sub.status()
+            return snaps, events, got_snaps, got_events, status, sub.counters
+
+    snaps, events, got_snaps, got_events, status, counters = asyncio.run(main())
+    assert len(got_snaps) == 3 and got_events == events
+    for got, sent in zip(got_snaps, snaps, strict=True):
+        assert_same_snapshot(got, sent)
+    assert np.isnan(got_snaps[0].mi[0, 0]) and np.isinf(got_snaps[0].age_s[0, -1])
+    assert isinstance(status, Status) and status.state == "online"
+    assert counters.gaps["snapshot"] == counters.gaps["event"] == 0 and counters.bad == 0
+
+
+def test_zmq_late_joiner_gets_the_latest_snapshot_from_the_cache_once():
+    """A subscriber that starts after three snapshots gets the third at once, then the live ones, no repeats."""
+    rng = np.random.default_rng(21)
+
+    async def main():
+        async with ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT) as pub:
+            snaps = [make_snapshot(rng, seq=k) for k in range(1, 5)]
+            for snap in snaps[:3]:
+                await pub.publish_snapshot(snap)
+            async with Subscriber(pub.endpoint, snapshot_url=pub.snapshot_endpoint) as sub:
+                first = await anext(sub.snapshots(timeout_s=2))
+                await joined(pub, sub)
+                await pub.publish_snapshot(snaps[3])
+                rest = [s async for s in sub.snapshots(timeout_s=0.5)]
+                return snaps, first, rest, sub.counters
+
+    snaps, first, rest, counters = asyncio.run(main())
+    assert_same_snapshot(first, snaps[2])
+    assert [s.seq for s in rest] == [4]
+    assert counters.late_joins == 1 and counters.gaps["snapshot"] == 0 and counters.received["snapshot"] == 2
+
+
+def test_zmq_late_join_without_a_cache_times_out_and_carries_on():
+    """When nothing answers on snapshot_url the subscriber logs, counts, and still receives live messages."""
+    rng = np.random.default_rng(22)
+
+    async def main():
+        async with ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=None) as pub:
+            silent = "tcp://127.0.0.1:9"  # discard port: nothing listens there
+            async with Subscriber(pub.endpoint, snapshot_url=silent, request_timeout_s=0.2) as sub:
+                await joined(pub, sub)
+                await pub.publish_event(make_event(rng))
+                got = [e async for e in sub.events(timeout_s=1)]
+                return got, sub.counters
+
+    got, counters = asyncio.run(main())
+    assert len(got) == 1 and counters.late_join_failures == 1 and counters.late_joins == 0
+
+
+def test_zmq_gaps_restarts_and_bad_payloads_are_counted_not_fatal():
+    """Skipped seqs count as gaps, a seq that goes back as a restart; garbage and odd frames are counted and skipped."""
+    rng = np.random.default_rng(23)
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(ANY_PORT)
+        endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        async with Subscriber(endpoint, late_join=False, context=ctx) as sub:
+            for k in range(300):  # join: until a status is heard
+                await pub.send_multipart([b"streamcorr/status", encode_status("online", {}, seq=k + 1)])
+                await asyncio.sleep(0.01)
+                if sub.status() is not None:
+                    break
+            sent = []
+            for seq in (1, 2, 5, 6, 1):
+                ev = make_event(rng, seq)
+                sent.append(ev)
+                await pub.send_multipart([b"streamcorr/event", encode_event(ev, seq=seq)])
+            await pub.send_multipart([b"streamcorr/event", b"\xc1 not msgpack"])
+            await pub.send_multipart([b"streamcorr/event", encode_status("online", {}, seq=9)])  # wrong kind
+            await pub.send_multipart([b"streamcorr/event", b"x", b"three frames"])
+            await pub.send_multipart([b"streamcorr/eventual", encode_event(sent[0], seq=99)])  # other topic
+            await pub.send_multipart([b"streamcorr/event", encode_event(sent[0], seq=2)])
+            got = [e async for e in sub.events(timeout_s=1)]
+            counters = sub.counters
+        pub.close(0)
+        ctx.term()
+        return sent, got, counters
+
+    sent, got, counters = asyncio.run(main())
+    assert got == [*sent, sent[0]]
+    assert counters.gaps["event"] == 2  # 3 and 4
+    assert counters.restarts == 1  # 6 -> 1
+    assert counters.bad == 3
+
+
+def test_zmq_a_slow_subscriber_loses_messages_to_the_hwm_and_counts_every_one():
+    """With small high-water marks and a busy consumer, every snapshot seq is either received or counted in gaps,
+    and every received one is either consumed or counted as dropped from the queue."""
+    rng = np.random.default_rng(24)
+    big = make_snapshot(rng, n=256)  # ~0.8 MB per message: socket buffers fill after a few
+
+    async def main():
+        async with (
+            ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=None, sndhwm=2) as pub,
+            Subscriber(pub.endpoint, late_join=False, queue_size=2) as sub,
+        ):
+            await joined(pub, sub)
+            for _ in range(40):  # no yield to the loop in between: the subscriber cannot keep up
+                await pub.publish_snapshot(big)
+            consumed = [s.seq async for s in sub.snapshots(timeout_s=1)]
+            return consumed, sub.counters
+
+    consumed, counters = asyncio.run(main())
+    received, gaps = counters.received["snapshot"], counters.gaps["snapshot"]
+    assert gaps > 0
+    assert len(consumed) + counters.dropped["snapshot"] == received
+    assert received + gaps <= 40  # losses after the last one received cannot be seen
+
+
+def test_pairs_subscriber_gets_sparse_snapshots_from_the_pairs_topic():
+    """Subscribing to "pairs" yields snapshots with only the top-k cells set."""
+    rng = np.random.default_rng(25)
+
+    async def main():
+        async with ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT, top_k=2) as pub:
+            snap = make_snapshot(rng, n=5)
+            await pub.publish_snapshot(snap)
+            async with Subscriber(pub.endpoint, snapshot_url=pub.snapshot_endpoint, streams=("pairs",)) as sub:
+                got = await anext(sub.snapshots(timeout_s=2))
+            return snap, got
+
+    snap, got = asyncio.run(main())
+    mi32 = snap.mi.astype(np.float32)
+    top = np.sort(mi32[np.triu_indices(5, 1)])[-2:]
+    assert np.array_equal(np.sort(got.mi[np.triu_indices(5, 1)][np.isfinite(got.mi[np.triu_indices(5, 1)])]), top)
+
+
+def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops():
+    """A consumer that does not read keeps the newest queue_size events; the older ones are counted as dropped."""
+    rng = np.random.default_rng(26)
+
+    async def main():
+        async with (
+            ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=None) as pub,
+            Subscriber(pub.endpoint, late_join=False, queue_size=3) as sub,
+        ):
+            await joined(pub, sub)
+            events = [make_event(rng, k) for k in range(10)]
+            for ev in events:
+                await pub.publish_event(ev)
+            await until(lambda: sub.counters.received["event"] == 10)
+            got = [e async for e in sub.events(timeout_s=0.1)]
+            return events, got, sub.counters
+
+    events, got, counters = asyncio.run(main())
+    assert got == events[-3:] and counters.dropped["event"] == 7
+
+
+def test_engine_to_zmq_sink_to_subscriber_gives_the_engines_own_snapshots():
+    """A tiny real Engine, forwarded to a ZmqPublisher, reaches the Subscriber with the engine's values."""
+    from streamcorr.engine import Engine, EngineConfig
+
+    rng = np.random.default_rng(27)
+    n = 400
+    a = rng.standard_normal(n)
+    b = np.where(np.arange(n) < 120, rng.standard_normal(n), a + 0.1 * rng.standard_normal(n))
+    c = rng.standard_normal(n)
+
+    async def main():
+        eng = Engine(EngineConfig(channels=["a", "b", "c"], window_len=64, hop_samples=32, rate_hz=10,
+                                  skip_stale_hops=False, queue_size=100, false_alarm_rate=0.05))  # fmt: skip
+        async with (
+            eng,
+            ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT) as pub,
+            Subscriber(pub.endpoint, snapshot_url=pub.snapshot_endpoint, queue_size=100) as sub,
+        ):
+            await joined(pub, sub)
+            mine: list = []
+            theirs: list = []
+
+            async def collect(it, out):
+                async for item in it:
+                    out.append(item)
+
+            tasks = [
+                asyncio.create_task(forward(eng, pub, status_interval_s=None)),
+                asyncio.create_task(collect(eng.snapshots(), mine)),
+                asyncio.create_task(collect(eng.events(), theirs)),
+            ]
+            await asyncio.sleep(0.05)  # let the subscriptions to the engine start
+            for k in range(n):
+                eng.push_frame(k / 10, {"a": a[k], "b": b[k], "c": c[k]})
+                if k % 50 == 0:
+                    await eng.flush()
+            await eng.flush()
+            got = [s async for s in sub.snapshots(timeout_s=1)]
+            got_events = [e async for e in sub.events(timeout_s=0.2)]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return mine, theirs, got, got_events, sub.counters
+
+    mine, theirs, got, got_events, counters = asyncio.run(main())
+    assert len(mine) >= 8 and [s.seq for s in got] == [s.seq for s in mine]
+    for g, m in zip(got, mine, strict=True):
+        assert_same_snapshot(g, m)
+    assert got[-1].mi[0, 1] > 0.5 and got[-1].channels == ("a", "b", "c")
+    assert [e.kind for e in theirs] == ["became-dependent"] and got_events == theirs
+    assert counters.gaps["snapshot"] == 0
+
+
+# -- MQTT -------------------------------------------------------------------------------------------
+def test_mqtt_late_subscriber_gets_the_retained_snapshot_then_live_ones(mqtt_broker, prefix):
+    """A subscriber arriving after two snapshots gets the second (retained) at once, then the next live one."""
+    rng = np.random.default_rng(28)
+    url = f"mqtt://{mqtt_broker[0]}:{mqtt_broker[1]}"
+
+    async def main():
+        snaps = [make_snapshot(rng, seq=k) for k in range(1, 4)]
+        qos1 = MqttSettings(*mqtt_broker, qos=1)  # publish() returns once the broker has the message
+        async with MqttPublisher(settings=qos1, prefix=prefix) as pub:
+            assert await pub.wait_connected(5)
+            for snap in snaps[:2]:
+                await pub.publish_snapshot(snap)
+                await until(lambda s=snap: pub.counters.sent["snapshot"] == s.seq)
+            async with Subscriber(url, prefix=prefix) as sub:
+                first = await anext(sub.snapshots(timeout_s=3))
+                await pub.publish_snapshot(snaps[2])
+                second = await anext(sub.snapshots(timeout_s=3))
+                await until(lambda: sub.status() is not None)
+                return snaps, first, second, sub.status(), sub.counters
+
+    snaps, first, second, status, counters = asyncio.run(main())
+    assert_same_snapshot(first, snaps[1])
+    assert_same_snapshot(second, snaps[2])
+    assert status.state == "online"
+    assert counters.connects == 1 and counters.gaps["snapshot"] == 0
+
+
+def write_envelopes(tmp_path, items) -> list[str]:
+    paths = []
+    for k, payload in enumerate(items):
+        path = tmp_path / f"m{k}.bin"
+        path.write_bytes(payload)
+        paths.append(str(path))
+    return paths
+
+
+def test_blocking_iterator_in_a_plain_script_sees_cli_published_events_and_their_gaps(mqtt_broker, prefix, tmp_path):
+    """No asyncio in sight: `with Subscriber(...)` + iter_events() gets what mosquitto_pub sends, gaps counted."""
+    rng = np.random.default_rng(29)
+    events = [ChangeEvent(("x", "y"), float(rng.random()), float(rng.random()), k, "fall") for k in range(4)]
+    payloads = [encode_event(ev, seq=s) for ev, s in zip(events, (1, 2, 6, 7), strict=True)]
+    files = write_envelopes(tmp_path, [payloads[0], b"garbage", *payloads[1:]])
+    with Subscriber(f"mqtt://{mqtt_broker[0]}:{mqtt_broker[1]}", prefix=prefix, streams=("event",)) as sub:
+        assert sub.ready
+        for path in files:
+            subprocess.run(["mosquitto_pub", "-h", mqtt_broker[0], "-p", str(mqtt_broker[1]),
+                            "-t", f"{prefix}/event", "-f", path], check=True, timeout=10)  # fmt: skip
+        got = list(sub.iter_events(timeout_s=2))
+    assert got == events
+    assert sub.gaps["event"] == 3 and sub.counters.bad == 1
+
+
+def test_close_ends_a_blocking_iterator_waiting_in_another_thread(mqtt_broker, prefix):
+    """close() from the main thread ends an iter_snapshots() loop blocked in a worker thread."""
+    np.random.default_rng(30)
+    sub = Subscriber(f"mqtt://{mqtt_broker[0]}:{mqtt_broker[1]}", prefix=prefix)
+    sub.start_background()
+    done = threading.Event()
+
+    def consume() -> None:
+        for _ in sub.iter_snapshots():  # no timeout: only close() ends it
+            pass
+        done.set()
+
+    worker = threading.Thread(target=consume)
+    worker.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    sub.close()
+    assert done.wait(3) and time.monotonic() - t0 < 3
+    worker.join()
+    with pytest.raises(ConfigError, match="already used through"):
+        asyncio.run(sub.start())
+
+
+def test_mqtt_subscriber_reconnects_after_a_broker_restart_and_skips_the_repeated_retained(private_broker):
+    """After the broker returns the subscriber resubscribes; the retained snapshot it already had is not repeated."""
+    rng = np.random.default_rng(31)
+    port, start, stop = private_broker
+    fast = MqttSettings(reconnect_min_s=0.05, reconnect_max_s=0.2)
+
+    async def main():
+        sub = Subscriber(f"mqtt://127.0.0.1:{port}", settings=fast, prefix="plant", streams=("snapshot",))
+        pub_settings = MqttSettings("127.0.0.1", port, reconnect_min_s=0.05)
+        async with MqttPublisher(settings=pub_settings, prefix="plant") as pub, sub:
+            await pub.publish_snapshot(make_snapshot(rng, seq=1))
+            first = await anext(sub.snapshots(timeout_s=3))
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, stop)
+            await until(lambda: not sub.ready)
+            await loop.run_in_executor(None, start)  # no persistence: the broker forgets the retained one
+            await until(lambda: sub.ready and pub.connected)
+            await pub.publish_snapshot(make_snapshot(rng, seq=2))
+            second = await anext(sub.snapshots(timeout_s=3))
+        return first, second, sub.counters
+
+    first, second, counters = asyncio.run(main())
+    assert (first.seq, second.seq) == (1, 2)
+    assert counters.connects == 2 and counters.disconnects == 1 and counters.gaps["snapshot"] == 0
+
+
+def test_subscriber_rejects_bad_configuration_and_unstarted_use():
+    """Unknown schemes, ports, streams and mixed settings are refused; iterating before start says what to do."""
+    np.random.default_rng(32)
+    for kwargs, message in [
+        ({"url": "http://x:1"}, "url must start with"),
+        ({"url": "tcp://127.0.0.1"}, "needs a port"),
+        ({"url": "mqtt://host:notaport"}, "bad port"),
+        ({"url": "tcp://h:1", "settings": MqttSettings()}, "MQTT options"),
+        ({"url": "tcp://h:1", "streams": ("snapshot", "pairs")}, "not both"),
+        ({"url": "tcp://h:1", "streams": ("matrix",)}, "streams must be"),
+        ({"url": "tcp://h:1", "queue_size": 0}, "queue_size"),
+        ({"url": "tcp://h:1", "prefix": "a/+/b"}, "prefix"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            Subscriber(**kwargs)
+    sub = Subscriber("mqtts://user:pw@broker.example", settings=MqttSettings(qos=1))
+    assert sub.settings is not None and sub.settings.port == 8883 and sub.settings.tls is not None
+    assert (sub.settings.username, sub.settings.password, sub.settings.qos) == ("user", "pw", 1)
+
+    async def iterate_unstarted():
+        async for _ in sub.snapshots():
+            pass
+
+    with pytest.raises(StreamcorrError, match="start the subscriber first"):
+        asyncio.run(iterate_unstarted())
