@@ -392,3 +392,10 @@ def test_subscriber_rejects_bad_configuration_and_unstarted_use():
 
     with pytest.raises(StreamcorrError, match="start the subscriber first"):
         asyncio.run(iterate_unstarted())
+
+    async def start_bad_endpoint():
+        async with Subscriber("tcp://*:5556", late_join=False):
+            pass
+
+    with pytest.raises(ConfigError, match="cannot connect to tcp://"):
+        asyncio.run(start_bad_endpoint())

@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -75,7 +76,8 @@ class Subscriber:
     """Receive a streamcorr publisher's snapshots, events and status over MQTT or ZeroMQ.
 
     ``url`` is ``mqtt://[user:password@]host[:port]`` (``mqtts://`` for TLS) or ``tcp://host:port`` (a
-    ZeroMQ PUB endpoint); ``settings`` supplies the other MQTT options (the URL's host and port win).
+    ZeroMQ PUB endpoint). ``settings`` supplies the other MQTT options; host and port come from the URL
+    (port 1883, or 8883 for mqtts, when it has none).
     ``streams`` picks the topics: any of "snapshot" or "pairs" (not both), "event", "status".
 
     >>> sub = Subscriber("tcp://127.0.0.1:5556", prefix="plant")
@@ -160,6 +162,8 @@ class Subscriber:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = False
+        self._error: Exception | None = None  # what stopped the client, if not close()
+        self._status_stream = False  # statuses are queued only once someone iterates them
         self._ready = threading.Event()
         self._warn = RateLimitedLog(log)
 
@@ -210,6 +214,8 @@ class Subscriber:
         self.counters.received[stream] += 1
         if isinstance(msg.body, Status):
             self._status = msg.body
+            if not self._status_stream:  # status() has it; nobody iterates statuses, so nothing to queue
+                return
         self._offer(_OUTBOX[stream], msg.body)
 
     def _offer(self, key: str, item: object) -> None:
@@ -231,7 +237,11 @@ class Subscriber:
                 await self._run_mqtt()
         except asyncio.CancelledError:
             raise
-        except Exception:  # a bug, not the network: say so, and end the iterators
+        except StreamcorrError as exc:  # a bad endpoint: start() raises it
+            self._error = exc
+            log.error("subscriber to %s stopped: %s", self.url, exc)
+        except Exception as exc:  # a bug, not the network: say so, and end the iterators
+            self._error = exc
             log.exception("subscriber to %s stopped", self.url)
         finally:
             self._ready.clear()
@@ -343,6 +353,8 @@ class Subscriber:
         deadline = loop.time() + self.start_timeout_s
         while not self._ready.is_set() and not self._task.done() and loop.time() < deadline:
             await asyncio.sleep(0.005)
+        if self._error is not None:
+            raise self._error
         if not self._ready.is_set():
             log.warning("subscriber to %s not ready after %.1f s; still trying", self.url, self.start_timeout_s)
 
@@ -366,6 +378,7 @@ class Subscriber:
     async def _aiter(self, key: str, timeout_s: float | None) -> AsyncIterator[Any]:
         if self._mode != "async":
             raise StreamcorrError("start the subscriber first: `async with Subscriber(...) as sub:`")
+        self._status_stream |= key == "status"
         q: asyncio.Queue[Any] = self._queues[key]
         while True:
             try:
@@ -386,7 +399,7 @@ class Subscriber:
         return self._aiter("event", timeout_s)
 
     def statuses(self, timeout_s: float | None = None) -> AsyncIterator[Status]:
-        """Status messages as they arrive; ends after timeout_s without one."""
+        """Status messages from the first call on; ends after timeout_s without one. (``status()`` is the newest.)"""
         return self._aiter("status", timeout_s)
 
     # -- plain-thread use -----------------------------------------------------------------------------
@@ -397,7 +410,12 @@ class Subscriber:
             return
         self._thread = threading.Thread(target=self._thread_main, name="streamcorr-subscriber", daemon=True)
         self._thread.start()
-        if not self._ready.wait(self.start_timeout_s):
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._ready.wait(0.01) and self._thread.is_alive() and time.monotonic() < deadline:
+            pass
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
             log.warning("subscriber to %s not ready after %.1f s; still trying", self.url, self.start_timeout_s)
 
     def _thread_main(self) -> None:
@@ -438,6 +456,7 @@ class Subscriber:
 
     def _iter(self, key: str, timeout_s: float | None) -> Iterator[Any]:
         self.start_background()
+        self._status_stream |= key == "status"
         q: queue.Queue[Any] = self._queues[key]
         while True:
             try:
@@ -458,7 +477,7 @@ class Subscriber:
         return self._iter("event", timeout_s)
 
     def iter_statuses(self, timeout_s: float | None = None) -> Iterator[Status]:
-        """Blocking: status messages as they arrive; ends after timeout_s without one, or at close()."""
+        """Blocking: status messages from the first call on; ends after timeout_s without one, or at close()."""
         return self._iter("status", timeout_s)
 
     def __repr__(self) -> str:
