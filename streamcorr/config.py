@@ -87,6 +87,7 @@ class Window(_Strict):
     hop_samples: int | None = Field(None, ge=1)
     hop_s: float | None = Field(None, gt=0)
     min_coverage: float = Field(0.9, gt=0, le=1)
+    skip_stale_hops: bool = True  # live: when compute falls behind, jump to the newest window; replay: false
 
     @model_validator(mode="after")
     def _one_hop(self) -> Window:

@@ -70,6 +70,7 @@ def engine_config(cfg: Config) -> EngineConfig:
         persist=cfg.changes.persist,
         delta=cfg.changes.delta,
         auto_add_channels=cfg.channels.auto_add,
+        skip_stale_hops=cfg.window.skip_stale_hops,
         estimator=est,
     )
 
@@ -140,9 +141,9 @@ class _Metrics(Collector):
         )
         for name, src in d.sources:
             c = src.counters
-            ingested.add_metric([name], c.handed)
+            ingested.add_metric([name], c.samples_handed)
             msgs.add_metric([name], c.messages)
-            for reason, n in c.drops.items():
+            for reason, n in {**c.drops, "queue_full": c.queue_full}.items():
                 drops.add_metric([f"decode:{name}", reason], n)
             connected.add_metric([name], float(getattr(src, "connected", True)))
         for reason, n in d.engine_drops().items():
@@ -307,8 +308,8 @@ class Daemon:
         for name, src in self.sources:
             c = src.counters
             out[f"{name}.messages"] = c.messages
-            out[f"{name}.samples_handed"] = c.handed
-            out[f"{name}.dropped"] = sum(c.drops.values())
+            out[f"{name}.samples_handed"] = c.samples_handed
+            out[f"{name}.dropped"] = c.dropped + c.queue_full
             for attr in ("connects", "disconnects"):
                 if hasattr(c, attr):
                     out[f"{name}.{attr}"] = getattr(c, attr)
@@ -392,9 +393,9 @@ class Daemon:
         await self._start_http()
         tasks: list[asyncio.Task[Any]] = []
         for sink in self.sinks:
-            if hasattr(sink, "start"):
+            if hasattr(sink, "start"):  # ZeroMQ: binds now; MQTT: run() holds the connection
                 await sink.start()
-            if hasattr(sink, "run"):
+            else:
                 tasks.append(asyncio.create_task(sink.run(), name=f"sink-{type(sink).__name__}"))
         if self.web is not None and self._runner is None:
             await self.web.start()
@@ -414,10 +415,11 @@ class Daemon:
             await asyncio.sleep(0.05)  # let the fan-out tasks hand the last snapshot to the sinks
             await _cancel(tasks[-3:])
             await self.engine.stop()
-            final = self.status()
-            for sink in self.sinks:
+            for sink in self.sinks:  # the last snapshot again, then "offline" (retained on MQTT)
                 try:
-                    await sink.close(self.engine.latest, final)
+                    if self.engine.latest is not None:
+                        await sink.publish_snapshot(self.engine.latest)
+                    await (sink.stop() if hasattr(sink, "stop") else sink.close())
                 except Exception:
                     log.exception("sink %s failed to close cleanly", type(sink).__name__)
             await _cancel(tasks[:-3])
