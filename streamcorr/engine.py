@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -85,15 +89,34 @@ class EngineCounters:
         return now
 
 
-_CALIBRATIONS: dict[tuple[int, int, float, float], NullCalibration] = {}
+_CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("STREAMCORR_CACHE_DIR") or Path.home() / ".cache" / "streamcorr")
 
 
 def _calibration(est: Estimator, window_len: int, rate: float, min_effect: float) -> NullCalibration:
-    """Null calibration, measured once per estimator and setting in a process (it costs thousands of windows)."""
-    key = (id(est.model), window_len, rate, min_effect)
-    if key not in _CALIBRATIONS:
-        _CALIBRATIONS[key] = NullCalibration.measure(est.estimate_batch, window_len, rate, min_effect)
-    return _CALIBRATIONS[key]
+    """Null calibration per weights, device and setting: measured once (thousands of windows), then cached in
+    the process and on disk (STREAMCORR_CACHE_DIR, default ~/.cache/streamcorr), since it is deterministic."""
+    key = (est.fingerprint, window_len, rate, min_effect)
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
+    path = _cache_dir() / f"null-{key[0]}-{window_len}-{rate:g}-{min_effect:g}.json"
+    cal: NullCalibration | None = None
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        cal = NullCalibration(**json.loads(path.read_text()))
+    if cal is None:
+        cal = NullCalibration.measure(est.estimate_batch, window_len, rate, min_effect)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(dataclasses.asdict(cal)))
+            tmp.replace(path)
+        except OSError as exc:  # a read-only home only costs the next start the measurement again
+            log.info("could not cache the null calibration in %s: %s", path.parent, exc)
+    _CALIBRATIONS[key] = cal
+    return cal
 
 
 class _Channel:

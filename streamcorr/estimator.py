@@ -9,6 +9,7 @@ projections from a seeded generator.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import sys
 import threading
 from pathlib import Path
@@ -105,6 +106,10 @@ class Estimator:
         self.model, self.meta = load_model(weights, self.device)
         self.grid = self.model.cfg.grid
         self.min_window = self.model.cfg.min_window
+        digest = hashlib.sha256()
+        for name, tensor in self.model.state_dict().items():
+            digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
+        self.fingerprint = f"{digest.hexdigest()[:16]}-{self.device.type}"  # identifies weights and device
 
     # -- checked inputs -------------------------------------------------------------
     def _check_pairs(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray]:
