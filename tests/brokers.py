@@ -97,7 +97,7 @@ class Ledger:
     messages: int = 0
     decoded: int = 0
     accepted: int = 0
-    unknown_pushes: int = 0  # sink calls for channels the engine does not know (one sample each here)
+    unknown_samples: int = 0  # samples for channels the engine does not know
     drops: Counter[str] = field(default_factory=Counter)
     kinds: Counter[str] = field(default_factory=Counter)
 
@@ -263,7 +263,7 @@ def hostile_corpus(
         ledger.messages += 1
         ledger.decoded += decoded
         ledger.accepted += accepted
-        ledger.unknown_pushes += unknown
+        ledger.unknown_samples += unknown
         ledger.drops.update(drops)
         ledger.kinds[maker.__name__] += 1
     return corpus, ledger

@@ -86,9 +86,9 @@ def test_mosquitto_pub_reaches_engine(mqtt_broker):
     rng = np.random.default_rng(1)
     host, port = mqtt_broker
     prefix = f"streamcorr-test/{uuid.uuid4().hex}"
-    x = rng.standard_normal(200)
-    y = x + 0.1 * rng.standard_normal(200)
-    lines = [json.dumps({"t": k / 10, "ax": x[k], "ay": y[k]}).encode() for k in range(200)]
+    x = rng.standard_normal(300)
+    y = x + 0.1 * rng.standard_normal(300)
+    lines = [json.dumps({"t": k / 10, "ax": x[k], "ay": y[k]}).encode() for k in range(300)]
 
     async def main() -> None:
         eng = small_engine()
@@ -98,12 +98,15 @@ def test_mosquitto_pub_reaches_engine(mqtt_broker):
             task = asyncio.create_task(src.run())
             await until(lambda: src.connected, what="connect and subscribe")
             await mosquitto_pub(host, port, f"{prefix}/arm/gps", lines[:5])  # outside the filter
-            await mosquitto_pub(host, port, f"{prefix}/arm/imu", lines)
-            await until(lambda: dec.counters.messages == 200, what="200 messages")
+            # two bursts: the engine places its first window after the first batch it is handed
+            await mosquitto_pub(host, port, f"{prefix}/arm/imu", lines[:200])
+            await until(lambda: dec.counters.samples_handed == 400, what="the first 200 messages")
+            await mosquitto_pub(host, port, f"{prefix}/arm/imu", lines[200:])
+            await until(lambda: dec.counters.samples_handed == 600, what="300 messages")
             await eng.flush()
             await stop(task)
         c = src.counters
-        assert (c.samples_decoded, c.samples_handed, c.samples_accepted, c.dropped) == (400, 400, 400, 0)
+        assert (c.messages, c.samples_decoded, c.samples_accepted, c.dropped) == (300, 600, 600, 0)
         assert (c.connects, c.disconnects, c.connect_failures, c.queue_full) == (1, 0, 0, 0)
         assert eng.latest is not None and eng.latest.channels == ("imu.ax", "imu.ay")
         assert eng.latest.mi[0, 1] > 0.5  # y is x plus 10% noise: strongly dependent
@@ -126,7 +129,7 @@ def test_bare_numbers_and_malformed_from_mosquitto_pub(mqtt_broker):
         task = asyncio.create_task(src.run())
         await until(lambda: src.connected)
         await mosquitto_pub(host, port, topic, lines)
-        await until(lambda: dec.counters.messages == len(lines))
+        await until(lambda: dec.counters.messages == len(lines) and dec.counters.samples_handed == len(values))
         await stop(task)
         assert [v for _, _, v in sink.samples] == values.tolist()
         times = [t for _, t, _ in sink.samples]
@@ -153,7 +156,7 @@ def test_broker_restart_reconnects_and_resumes(tmp_path):
         task = asyncio.create_task(src.run())
         await until(lambda: src.connected)
         await publish(broker.port, payloads[:20])
-        await until(lambda: src.counters.messages == 20)
+        await until(lambda: src.counters.samples_handed == 20)
         await asyncio.to_thread(broker.stop)
         await until(lambda: not src.connected and src.counters.disconnects == 1, what="disconnect noticed")
         await until(lambda: src.counters.connect_failures >= 2, what="retries while the broker is down")
@@ -161,7 +164,7 @@ def test_broker_restart_reconnects_and_resumes(tmp_path):
         await asyncio.to_thread(broker.start)
         await until(lambda: src.connected and src.counters.connects == 2, what="reconnect", timeout_s=15)
         await publish(broker.port, payloads[20:])
-        await until(lambda: src.counters.messages == 40, what="messages after the restart")
+        await until(lambda: src.counters.samples_handed == 40, what="messages after the restart")
         await stop(task)
         assert [v for _, _, v in sink.samples] == [json.loads(p)["v"] for p in payloads]
         assert src.counters.dropped == 0 and src.counters.disconnects == 1
@@ -238,13 +241,14 @@ def test_hostile_payloads_counted_exactly(mqtt_broker):
                     if k % 250 == 249:  # keep within Mosquitto's per-client queue: wait for the source
                         await until(lambda k=k: dec.counters.messages >= k - 250, what="source catching up")
             await until(lambda: dec.counters.messages == want.messages, timeout_s=20, what="all messages")
+            await until(lambda: dec.counters.samples_handed == want.decoded, what="the last batch delivered")
             await eng.flush()
             rss_growth = vm_rss_bytes() - rss0
             await stop(task)
         c = dec.counters
         assert c.drops == dict(want.drops)
         assert (c.samples_decoded, c.samples_handed, c.samples_accepted) == (want.decoded, want.decoded, want.accepted)
-        assert eng.counters.unknown_channel == want.unknown_pushes
+        assert eng.counters.unknown_channel == want.unknown_samples
         assert (c.queue_full, c.sink_errors, c.disconnects) == (0, 0, 0)
         assert eng.counters.hops > 0  # the engine kept evaluating throughout
         assert rss_growth < RSS_BOUND_BYTES, f"RSS grew by {rss_growth / 2**20:.1f} MiB"

@@ -63,11 +63,12 @@ def test_bind_conflict_is_config_error():
     np.random.default_rng(1)
 
     async def main() -> None:
-        first = ZmqSource(endpoint="tcp://127.0.0.1:*", mode="pull", bind=True, decoder=PayloadDecoder(), sink=collect()[1])
+        pull = {"mode": "pull", "bind": True, "decoder": PayloadDecoder(), "sink": collect()[1]}
+        first = ZmqSource(endpoint="tcp://127.0.0.1:*", **pull)  # type: ignore[arg-type]
         task = asyncio.create_task(first.run())
         await first.ready.wait()
         assert first.bound_endpoint is not None
-        second = ZmqSource(endpoint=first.bound_endpoint, mode="pull", bind=True, decoder=PayloadDecoder(), sink=collect()[1])
+        second = ZmqSource(endpoint=first.bound_endpoint, **pull)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match=first.bound_endpoint):
             await second.run()
         await stop(task)
@@ -78,8 +79,8 @@ def test_bind_conflict_is_config_error():
 def test_pub_sub_topic_filter_into_engine():
     """A PUB socket's messages on subscribed topic prefixes reach a real Engine, exactly; others are filtered out."""
     rng = np.random.default_rng(2)
-    x = rng.standard_normal(200)
-    y = x + 0.1 * rng.standard_normal(200)
+    x = rng.standard_normal(300)
+    y = x + 0.1 * rng.standard_normal(300)
 
     async def main() -> None:
         ctx = zmq.asyncio.Context()
@@ -88,13 +89,19 @@ def test_pub_sub_topic_filter_into_engine():
         eng = small_engine()
         dec = PayloadDecoder(channel_template="{topic[1]}.{key}")
         src = ZmqSource(endpoint=f"tcp://127.0.0.1:{port}", topics=["keep/"], decoder=dec, sink=eng.push, context=ctx)
+
+        async def burst(ks: range) -> None:
+            for k in ks:
+                await pub.send_multipart([b"drop/imu", json.dumps({"t": k / 10, "ax": 1.0}).encode()])
+                await pub.send_multipart([b"keep/imu", json.dumps({"t": k / 10, "ax": x[k], "ay": y[k]}).encode()])
+
         async with eng:
             task = asyncio.create_task(src.run())
             assert await asyncio.wait_for(pub.recv(), 10) == b"\x01keep/"
-            for k in range(200):
-                await pub.send_multipart([b"drop/imu", json.dumps({"t": k / 10, "ax": 1.0}).encode()])
-                await pub.send_multipart([b"keep/imu", json.dumps({"t": k / 10, "ax": x[k], "ay": y[k]}).encode()])
-            await until(lambda: dec.counters.messages == 200, what="200 messages")
+            await burst(range(200))  # two bursts: the engine places its first window after its first batch
+            await until(lambda: dec.counters.samples_handed == 400, what="the first 200 messages")
+            await burst(range(200, 300))
+            await until(lambda: dec.counters.samples_handed == 600, what="300 messages")
             await asyncio.sleep(0.1)  # nothing else may arrive
             await eng.flush()
             assert src.connected and src.counters.connects == 1
@@ -102,7 +109,7 @@ def test_pub_sub_topic_filter_into_engine():
         pub.close(0)
         ctx.term()
         c = dec.counters
-        assert (c.messages, c.samples_decoded, c.samples_accepted, c.dropped) == (200, 400, 400, 0)
+        assert (c.messages, c.samples_decoded, c.samples_accepted, c.dropped) == (300, 600, 600, 0)
         assert eng.latest is not None and eng.latest.channels == ("imu.ax", "imu.ay")
         assert eng.latest.mi[0, 1] > 0.5
 
@@ -129,7 +136,7 @@ def test_push_pull_chunks_single_frames_and_disconnect():
             await push.send_multipart([b"dev.", msgpack.packb({"t": t.tobytes(), "channels": chans, "seq": k})])
         await push.send(b"42.5")  # one frame: payload, topic ""
         await push.send_multipart([b"a", b"b", b"c"])  # three frames: dropped
-        await until(lambda: dec.counters.messages == 52)
+        await until(lambda: dec.counters.messages == 52 and dec.counters.samples_handed == 10_001)
         assert src.connected and dec.counters.connects == 1
         push.close(0)
         await until(lambda: dec.counters.disconnects == 1, what="disconnect event")
@@ -234,6 +241,7 @@ def test_hostile_payloads_counted_exactly():
             for frames in corpus:
                 await push.send_multipart(frames)
             await until(lambda: dec.counters.messages == want.messages, timeout_s=20, what="all messages")
+            await until(lambda: dec.counters.samples_handed == want.decoded, what="the last batch delivered")
             await eng.flush()
             rss_growth = vm_rss_bytes() - rss0
             await stop(task)
@@ -242,7 +250,7 @@ def test_hostile_payloads_counted_exactly():
         c = dec.counters
         assert c.drops == dict(want.drops)
         assert (c.samples_decoded, c.samples_handed, c.samples_accepted) == (want.decoded, want.decoded, want.accepted)
-        assert eng.counters.unknown_channel == want.unknown_pushes
+        assert eng.counters.unknown_channel == want.unknown_samples
         assert (c.sink_errors, c.disconnects) == (0, 0)
         assert eng.counters.hops > 0
         assert rss_growth < RSS_BOUND_BYTES, f"RSS grew by {rss_growth / 2**20:.1f} MiB"

@@ -26,11 +26,14 @@ import aiomqtt
 
 from ..errors import ConfigError
 from .payload import PayloadDecoder
-from .source import ArrivalClock, IngestCounters, RateLimitedLog, Sink, deliver
+from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, Sink, decode_safely, deliver, merge
 
 __all__ = ["MqttSettings", "MqttSource", "MqttTls", "jittered_backoff", "make_client"]
 
 log = logging.getLogger("streamcorr.ingest.mqtt")
+
+_BATCH_MAX = 1000  # messages decoded before the sink is called (only reached while behind)
+_BATCH_S = 0.01  # longest a batch keeps gathering
 
 
 @dataclass(frozen=True)
@@ -187,23 +190,31 @@ class MqttSource:
             log.error("broker refused subscription to %r (reason codes %s)", topic, codes)
 
     async def _consume(self, client: aiomqtt.Client) -> None:
+        loop = asyncio.get_running_loop()
         async for message in client.messages:
-            self._handle(message)
+            # Micro-batching: keep taking messages while more arrive within a loop turn (a backlog), then
+            # call the sink once per channel; when messages trickle in, each is delivered at once.
+            batches = self._decode(message)
+            deadline, taken = loop.time() + _BATCH_S, 1
             queue = self._queue
-            while queue is not None and not queue.empty():  # drain what arrived meanwhile, in one go
-                self._handle(queue.get_nowait())
+            try:
+                while queue is not None and taken < _BATCH_MAX:
+                    if queue.empty():
+                        if loop.time() > deadline:
+                            break
+                        await asyncio.sleep(0)  # one turn for the socket reader
+                        if queue.empty():
+                            break
+                    batches += self._decode(queue.get_nowait())
+                    taken += 1
+            finally:  # cancelled or disconnected meanwhile: what was decoded is still delivered
+                deliver(merge(batches), self.sink, self.counters, self._rate_log)
 
-    def _handle(self, message: aiomqtt.Message) -> None:
+    def _decode(self, message: aiomqtt.Message) -> list[Batch]:
         payload = message.payload
         if not isinstance(payload, bytes | bytearray):  # received messages are bytes; be safe anyway
             payload = str(payload).encode() if payload is not None else b""
-        try:
-            batches = self.decoder.decode(message.topic.value, bytes(payload), self._clock())
-        except Exception:  # the decoder must not raise; if it does, the message is counted, not fatal
-            self.counters.drop("internal")
-            self._rate_log(logging.ERROR, "internal", "decoder failed on %r", message.topic.value, exc_info=True)
-            return
-        deliver(batches, self.sink, self.counters, self._rate_log)
+        return decode_safely(self.decoder, message.topic.value, bytes(payload), self._clock(), self._rate_log)
 
     def _queue_type(self) -> type[asyncio.Queue[aiomqtt.Message]]:
         """A queue class for aiomqtt that counts what it discards when full and registers itself here."""

@@ -30,7 +30,7 @@ otherwise silent at the receiver.
 
 All times (``t``, ``t0``, ``dt``) are numbers in ``time_unit`` (seconds by default), usually since the Unix
 epoch. They are converted to float64 seconds (about 0.24 us resolution today) and must be finite and below
-9.2e9 s (the engine's int64 nanosecond clock). Values are float64. JSON has no NaN: the non-standard tokens
+9e9 s (the engine's int64 nanosecond clock). Values are float64. JSON has no NaN: the non-standard tokens
 ``NaN``, ``Infinity`` and ``-Infinity`` are accepted and ``null`` is read as NaN; such samples are handed on
 and the engine counts them as non-finite. Numbers beyond float64 (``1e400`` in JSON) become +-inf; an
 integer too large to convert is dropped ("range").
@@ -74,7 +74,7 @@ log = logging.getLogger("streamcorr.ingest.payload")
 Format = Literal["auto", "json", "msgpack", "number"]
 TimeUnit = Literal["s", "ms", "us", "ns"]
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-MAX_ABS_T_S = 9.2e9  # int64 nanoseconds reach 9.22e9 s
+MAX_ABS_T_S = 9e9  # the engine refuses |t| > 9e18 ns (int64 nanoseconds end at 9.22e18)
 _MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _FIELD = re.compile(r"^(?:key|topic(?:\[-?\d+\])?)$")
 _MISSING = object()

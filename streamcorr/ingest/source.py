@@ -19,11 +19,11 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["ArrivalClock", "Batch", "IngestCounters", "RateLimitedLog", "Sink", "deliver"]
+__all__ = ["ArrivalClock", "Batch", "IngestCounters", "RateLimitedLog", "Sink", "decode_safely", "deliver", "merge"]
 
 # (channel, t_s, values) -> samples accepted; Engine.push has this shape.
 Sink = Callable[[str, np.ndarray, np.ndarray], int]
@@ -125,6 +125,45 @@ class ArrivalClock:
     def __call__(self) -> float:
         self._last = max(time.time(), self._last + self.min_step_s)
         return self._last
+
+
+class _Decoder(Protocol):
+    counters: IngestCounters
+
+    def decode(self, topic: str, payload: bytes, arrival_s: float) -> list[Batch]: ...
+
+
+def decode_safely(
+    decoder: _Decoder, topic: str, payload: bytes, arrival_s: float, rate_log: RateLimitedLog
+) -> list[Batch]:
+    """decoder.decode, with a decoder bug counted ("internal") and logged instead of ending the source."""
+    try:
+        return decoder.decode(topic, payload, arrival_s)
+    except Exception:
+        decoder.counters.drop("internal")
+        rate_log(logging.ERROR, "internal", "decoder failed on a message for %r", topic, exc_info=True)
+        return []
+
+
+def merge(batches: list[Batch]) -> list[Batch]:
+    """One batch per channel, samples kept in order: the sink is called once per channel, not per message.
+
+    >>> b = merge([Batch("a", np.array([1.0]), np.array([5.0])), Batch("b", np.array([1.0]), np.array([6.0])),
+    ...            Batch("a", np.array([2.0]), np.array([7.0]))])
+    >>> [(x.channel, x.t_s.tolist(), x.values.tolist()) for x in b]
+    [('a', [1.0, 2.0], [5.0, 7.0]), ('b', [1.0], [6.0])]
+    """
+    by_channel: dict[str, list[Batch]] = {}
+    for batch in batches:
+        by_channel.setdefault(batch.channel, []).append(batch)
+    if len(by_channel) == len(batches):
+        return batches
+    return [
+        group[0]
+        if len(group) == 1
+        else Batch(name, np.concatenate([g.t_s for g in group]), np.concatenate([g.values for g in group]))
+        for name, group in by_channel.items()
+    ]
 
 
 def deliver(batches: Iterable[Batch], sink: Sink, counters: IngestCounters, rate_log: RateLimitedLog) -> None:

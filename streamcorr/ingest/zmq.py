@@ -28,13 +28,13 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import ConfigError
 from .payload import PayloadDecoder
-from .source import ArrivalClock, IngestCounters, RateLimitedLog, Sink, deliver
+from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, Sink, decode_safely, deliver, merge
 
 __all__ = ["ZmqSource"]
 
 log = logging.getLogger("streamcorr.ingest.zmq")
 
-_YIELD_EVERY = 64  # messages handled before giving the event loop a turn (ready messages never suspend)
+_BATCH_MAX = 256  # queued messages taken at once before the sink is called once per channel
 _PEER_UP = (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED)
 _PEER_DOWN = (zmq.EVENT_DISCONNECTED,)
 
@@ -126,13 +126,16 @@ class ZmqSource:
                     sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
             log.info("zmq %s %s %s", self.mode, "bound to" if self.bind else "connected to", self.endpoint)
             self.ready.set()
-            handled = 0
             while True:
-                frames = await sock.recv_multipart()
-                self._handle(frames)
-                handled += 1
-                if handled % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
+                batches = self._decode(await sock.recv_multipart())
+                for _ in range(_BATCH_MAX - 1):  # take what is already queued, then call the sink once per channel
+                    try:
+                        frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    batches += self._decode(frames)
+                deliver(merge(batches), self.sink, self.counters, self._rate_log)
+                await asyncio.sleep(0)  # a ready message never suspends: give the loop a turn per batch
         finally:
             self.ready.clear()
             watcher.cancel()
@@ -157,7 +160,7 @@ class ZmqSource:
                 where = event["endpoint"].decode(errors="replace")
                 self._rate_log(logging.WARNING, "disconnect", "zmq peer disconnected (%s)", where)
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _decode(self, frames: list[bytes]) -> list[Batch]:
         if len(frames) == 1:
             topic_bytes, payload = b"", frames[0]
         elif len(frames) == 2:
@@ -166,18 +169,12 @@ class ZmqSource:
             self.counters.messages += 1
             self.counters.drop("frames")
             self._rate_log(logging.WARNING, "frames", "dropped a %d-frame message (want [topic, payload])", len(frames))
-            return
+            return []
         try:
             topic = topic_bytes.decode()
         except UnicodeDecodeError:
             self.counters.messages += 1
             self.counters.drop("topic")
             self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8: %r", topic_bytes[:40])
-            return
-        try:
-            batches = self.decoder.decode(topic, payload, self._clock())
-        except Exception:  # the decoder must not raise; if it does, the message is counted, not fatal
-            self.counters.drop("internal")
-            self._rate_log(logging.ERROR, "internal", "decoder failed on %r", topic, exc_info=True)
-            return
-        deliver(batches, self.sink, self.counters, self._rate_log)
+            return []
+        return decode_safely(self.decoder, topic, payload, self._clock(), self._rate_log)
