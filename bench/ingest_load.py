@@ -209,11 +209,12 @@ async def _drive(
     proc = spawn((q, body_done, drained))
     await asyncio.to_thread(body_done.wait)
     t_body_done = time.perf_counter()
-    seen = -1
-    while seen != c.messages + c.queue_full:  # drained: nothing new for 0.5 s
-        seen = c.messages + c.queue_full
-        await asyncio.sleep(0.5)
-    catch_up_s = max(0.0, time.perf_counter() - 0.5 - t_body_done)
+    seen, t_change = -1, time.perf_counter()
+    while time.perf_counter() - t_change < 0.5:  # drained: nothing new for 0.5 s
+        if c.messages + c.queue_full != seen:
+            seen, t_change = c.messages + c.queue_full, time.perf_counter()
+        await asyncio.sleep(0.02)
+    catch_up_s = max(0.0, t_change - t_body_done)
     drained.set()
     pub = await asyncio.to_thread(q.get)
     await asyncio.to_thread(proc.join)

@@ -1,4 +1,4 @@
-"""Helpers for the transport tests: a private Mosquitto that can be stopped and restarted, a hostile corpus."""
+"""Helpers for the transport tests: a private Mosquitto (stop, restart), a hostile corpus, a small Engine."""
 
 from __future__ import annotations
 

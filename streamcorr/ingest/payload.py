@@ -193,7 +193,7 @@ class PayloadDecoder:
     def _parse(self, payload: bytes) -> Any:
         fmt = self.format
         if fmt == "auto":
-            first = payload.lstrip()[:1]
+            first = payload[:64].lstrip()[:1]  # a peek, not a copy of the whole payload
             if first == b"{":
                 fmt = "json"
             elif payload[0] in _MSGPACK_MAP:

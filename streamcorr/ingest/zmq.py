@@ -107,7 +107,7 @@ class ZmqSource:
         return sock
 
     async def run(self) -> None:
-        """Bind or connect, then receive until cancelled."""
+        """Bind or connect, then receive until cancelled; ConfigError if the endpoint cannot be used."""
         sock = self._socket()
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         watcher = asyncio.create_task(self._watch(monitor), name="zmq-source-monitor")
@@ -124,17 +124,25 @@ class ZmqSource:
             if self.mode == "sub":
                 for topic in self.topics:
                     sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+            if self.bind and any(h in self.endpoint for h in ("://*", "://0.0.0.0", "://[::]")):
+                log.warning(
+                    "zmq %s listens on every interface (%s); use 127.0.0.1 unless that is meant",
+                    self.mode,
+                    self.endpoint,
+                )
             log.info("zmq %s %s %s", self.mode, "bound to" if self.bind else "connected to", self.endpoint)
             self.ready.set()
             while True:
                 batches = self._decode(await sock.recv_multipart())
-                for _ in range(_BATCH_MAX - 1):  # take what is already queued, then call the sink once per channel
-                    try:
-                        frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    batches += self._decode(frames)
-                deliver(merge(batches), self.sink, self.counters, self._rate_log)
+                try:
+                    for _ in range(_BATCH_MAX - 1):  # take what is queued, then call the sink once per channel
+                        try:
+                            frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        batches += self._decode(frames)
+                finally:  # even if cancelled meanwhile: what was decoded is delivered
+                    deliver(merge(batches), self.sink, self.counters, self._rate_log)
                 await asyncio.sleep(0)  # a ready message never suspends: give the loop a turn per batch
         finally:
             self.ready.clear()
@@ -149,7 +157,11 @@ class ZmqSource:
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
         while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
+            try:
+                event = parse_monitor_message(await monitor.recv_multipart())
+            except RuntimeError as exc:  # a malformed monitor event must not end the watcher
+                self._rate_log(logging.WARNING, "monitor", "unreadable zmq monitor event: %s", exc)
+                continue
             kind = event["event"]
             if kind in _PEER_UP:
                 self.counters.connects += 1
