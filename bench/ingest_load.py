@@ -8,8 +8,8 @@ mqtt: a publisher process (paho-mqtt) publishes 5,200 JSON field messages/s (3 c
 topics, QoS 0) to Mosquitto; an MqttSource subscribed to them feeds Engine.push.
 
 Each payload carries a ``seq`` per topic; after the run the publisher waits until the source has drained,
-then sends one last message per topic, so messages lost in transport (e.g. Mosquitto dropping QoS 0
-messages for a subscriber that lags by more than its ``max_queued_messages``) show up as ``seq_gaps``.
+then sends one last message per topic, so messages lost anywhere in transport (QoS 0 gives no guarantee)
+show up as ``seq_gaps`` instead of vanishing at the tail.
 Rates and CPU are measured from the first message received to the last one before that tail. The ledger
 must close exactly:
 
