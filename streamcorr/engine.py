@@ -248,15 +248,16 @@ class Engine:
             return 0
         accepted = ch.buffer.push_many(t_ns, vals)
         if accepted:
-            self._advance(int(ch.buffer.last_t_ns or 0))
+            self._advance(int(ch.buffer.last_t_ns or 0), int(t_ns[0]))
         return accepted
 
-    def _advance(self, t_ns: int) -> None:
+    def _advance(self, t_ns: int, t_first_ns: int) -> None:
+        """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window."""
         if self._stream_ns is None or t_ns > self._stream_ns:
             self._stream_ns = t_ns
         period = self.resampler.period_ns
         if self._next_end_tick is None:  # first window ends one full window after the first sample
-            first = (t_ns // period) * period
+            first = (min(t_first_ns, t_ns) // period) * period
             self._next_end_tick = first + (self.cfg.window_len - 1) * period
         if self._stream_ns >= self._next_end_tick + self.resampler.max_staleness_ns:
             self._wake.set()
