@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..engine import Engine, EngineConfig
     from ..publish import ChangeEvent
+    from ..publish.changes import EventKind
 
 __all__ = [
     "CHANNELS",
@@ -71,8 +72,8 @@ class ScriptCheck:
     window_s: float
     hops: int
     events: list[ChangeEvent]
-    delays_s: dict[tuple[Pair, str], float]  # expected (pair, kind) -> seconds after the scripted change
-    missing: list[tuple[Pair, str]]  # expected, not seen after the change
+    delays_s: dict[tuple[Pair, EventKind], float]  # expected (pair, kind) -> seconds after the scripted change
+    missing: list[tuple[Pair, EventKind]]  # expected, not seen after the change
     false_events: list[ChangeEvent]  # on pairs the script says are stable
     transient_late: list[
         ChangeEvent
@@ -148,7 +149,7 @@ def check_script(
     events = asyncio.run(run())
     window_s = cfg.window_len / cfg.rate_hz
     stable, transient = set(rig.stable_pairs()), rig.transient_pairs()
-    delays: dict[tuple[Pair, str], float] = {}
+    delays: dict[tuple[Pair, EventKind], float] = {}
     for change in rig.script:
         for pair, kind in change.expected:
             after = [e.t_ns / 1e9 - change.t_s for e in events if e.pair == pair and e.kind == kind]

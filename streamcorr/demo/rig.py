@@ -1,31 +1,29 @@
-"""A simulated sensor rig for the live demo: a robot arm, its motors and their thermal loop.
+"""A simulated sensor rig for the live demo: a robot arm, its motors, and their thermal loop.
 
 Synchronous and deterministic: the same seed gives the same frames. One frame per
 tick of ``rate_hz``, each a ``{channel: value}`` dict at stream time t (seconds).
 
-What is coupled to what, and why (``Rig.script`` lists the changes):
+What is coupled to what, and why (``Rig.script`` lists what changes, and when):
 
-- The arm is a three-joint planar chain driven by a fast random excitation (as
-  in a system-identification run): joint angle commands ``jN.cmd`` go through a
-  servo, so link gyros see sums of joint rates, the link-2 tilt accelerometer
-  sees cos(theta1 + theta2), its radial axis the centripetal term r * omega^2,
-  a Hall sensor on joint 3 sees cos(theta3), and joint 1's gearbox vibration
-  grows with |omega1|. Those last three are Pearson-blind: symmetric about zero,
-  so the correlation is ~0 while the mutual information is large.
-- Motor currents are servo effort: proportional to the tracking error, plus
-  gravity on the links.
-- The tool spindle's load is the slow common cause of the thermal channels:
-  load -> bus power -> controller temperature (first-order lag). The motor temperature is
-  held by a fan controller: while the fan works, the fan current tracks the
-  temperature error (dominated by airflow turbulence), so the motor temperature
-  does not follow power.
+- The arm: joints 1 and 2 pitch a planar two-link chain, joint 3 rolls the wrist.
+  Joint angle commands ``jN.cmd`` are a fast random excitation (as in a
+  system-identification run) tracked by a servo. The link-2 gyro sees the sum of
+  joint 1 and 2 rates, its tilt accelerometer g cos(theta1 + theta2), its radial
+  axis the centripetal term r omega^2; a Hall sensor on the wrist sees
+  cos(theta3); joint 1's gearbox vibration grows with |omega1|. The last three are
+  Pearson-blind: symmetric about zero, so Pearson's r is ~0 while MI is large.
+- Motor currents are servo effort: the tracking error plus gravity on the links.
+- The tool spindle's load is the slow common cause of the thermal channels: load
+  -> bus power -> controller temperature (first-order lag). The motor winding
+  temperature is held by a fan controller: while the fan works the fan current
+  tracks the temperature error, which is mostly airflow turbulence, so the motor
+  temperature does not follow power.
 - Two spare analog inputs are independent noise.
 
 The excitation is fast on purpose: a 10 s window then holds hundreds of nearly
 independent samples. Slow, smooth independent signals look dependent in short
 windows (the engine's null calibration assumes exchangeable samples), so the
-only slow channels here are the load family, which are dependent on each other
-anyway.
+only slow channels are the load family, which depend on each other anyway.
 """
 
 from __future__ import annotations
@@ -39,11 +37,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from ..publish.changes import EventKind
 
-__all__ = ["CHANNELS", "SLOW_CHANNELS", "Frame", "Pair", "Rig", "ScriptedChange"]
+__all__ = ["CHANNELS", "SLOW_CHANNELS", "Pair", "Rig", "ScriptedChange", "TimedFrame"]
 
 Pair = tuple[str, str]
-Frame = tuple[float, dict[str, float]]
+TimedFrame = tuple[float, dict[str, float]]  # (t in seconds, {channel: value})
 
 CHANNELS: tuple[str, ...] = (
     "j1.cmd",  # joint angle commands, rad
@@ -92,9 +91,9 @@ class ScriptedChange:
     transient: tuple[Pair, ...] = ()  # shifted x slow channels: events allowed within two windows of t_s
 
     @property
-    def expected(self) -> tuple[tuple[Pair, str], ...]:
+    def expected(self) -> tuple[tuple[Pair, EventKind], ...]:
         """(pair, event kind) the engine must report after t_s."""
-        kinds = (
+        kinds: tuple[tuple[EventKind, tuple[Pair, ...]], ...] = (
             ("became-dependent", self.became_dependent),
             ("became-independent", self.became_independent),
             ("rise", self.rises),
@@ -120,9 +119,9 @@ def _pairs(*ab: tuple[str, str]) -> tuple[Pair, ...]:
     return tuple(_pair(a, b) for a, b in ab)
 
 
-# Times at script_scale=1; which pairs change was derived from the model and checked against InfoNet estimates on
-# 512-sample windows of each regime (tests/test_demo_rig.py): listed pairs move from well below the engine's
-# "independent" threshold to well above its "dependent" one, or back.
+# Times at script_scale=1. Which pairs change follows from the model; each list was checked against InfoNet
+# estimates on 512-sample windows of each regime (tests/test_demo_rig.py): became_* pairs cross from well below
+# the engine's thresholds to well above, or back; rises and falls move by more than 1 nat.
 _SCRIPT: tuple[dict[str, Any], ...] = (
     dict(
         t_s=40.0,
@@ -271,13 +270,13 @@ class Rig:
         """Pairs with |Pearson r| < 0.1 but clearly positive MI in every regime (symmetric non-monotone maps)."""
         return list(_pairs(("j3.cmd", "j3.hall"), ("l1.gyro", "j1.vib"), ("l2.gyro", "l2.acc_r")))
 
-    def step(self) -> Frame:
+    def step(self) -> TimedFrame:
         """Advance one tick; returns (t in seconds, {channel: value})."""
         t = self._k * self.dt
         self._k += 1
         return t, self._tick(t, self._draw())
 
-    def frames(self, n: int) -> Iterator[Frame]:
+    def frames(self, n: int) -> Iterator[TimedFrame]:
         """The next n frames."""
         if n < 0:
             raise ConfigError(f"n must be >= 0 frames; got {n}")
