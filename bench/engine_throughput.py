@@ -90,6 +90,8 @@ async def _live(n_ch: int, window: int, duration_s: float, chunk_ms: float, rate
         "chunk_ms": chunk_ms,
         "hops": c.hops, "hops_skipped": c.hops_skipped,
         "pairs_refreshed_per_s": c.pairs_evaluated / duration_s,
+        # the first window needs window/rate seconds of data before any hop can run
+        "pairs_refreshed_per_s_after_first_window": c.pairs_evaluated / (duration_s - window / rate),
         "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
         "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": _rss_mb(),
     }  # fmt: skip
@@ -101,7 +103,10 @@ def live(args: argparse.Namespace) -> None:
     md = [f"## Live engine: {res['channels']} channels at {res['rate_hz']:.0f} Hz, window {res['window_len']}, "
           f"hop 1 s, all {res['pairs']} pairs, {res['duration_s']:.0f} s, "
           f"samples arrive as one frame of all channels every {res['chunk_ms']:.0f} ms\n",
-          f"- pairs refreshed per second: **{res['pairs_refreshed_per_s']:.0f}** (target {res['pairs']})",
+          f"- pairs refreshed per second once the first window is full: "
+          f"**{res['pairs_refreshed_per_s_after_first_window']:.0f}** (target {res['pairs']}); "
+          f"over the whole run including the {res['window_len'] / res['rate_hz']:.1f} s fill: "
+          f"{res['pairs_refreshed_per_s']:.0f}",
           f"- hops evaluated {res['hops']}, skipped because compute was behind {res['hops_skipped']}",
           f"- hop-to-publish latency p50 **{res['latency_p50_s'] * 1e3:.0f} ms**, p99 "
           f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB", "",

@@ -14,6 +14,7 @@ is its newest sample at or before the tick, if that sample is at most
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,12 +59,18 @@ class RingBuffer:
         self._head = 0  # index of the next write
         self._size = 0
         self.last_t_ns: int | None = None
+        # pushes come from the event loop while a worker thread reads windows: reads must see one state
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._size
 
     def push(self, t_ns: int, value: float) -> bool:
         """Append one sample; returns whether it was accepted (see the module policy)."""
+        with self._lock:
+            return self._push_one(t_ns, value)
+
+    def _push_one(self, t_ns: int, value: float) -> bool:
         if not np.isfinite(value):
             self.counters.nonfinite += 1
             return False
@@ -92,6 +99,10 @@ class RingBuffer:
             raise InputError(f"t_ns and values must be 1-D of equal length; got {t_ns.shape} and {values.shape}")
         if t_ns.size == 0:
             return 0
+        with self._lock:
+            return self._push_arrays(t_ns, values)
+
+    def _push_arrays(self, t_ns: np.ndarray, values: np.ndarray) -> int:
         finite = np.isfinite(values)
         # A sample is accepted iff it is later than every earlier sample (a rejected one never raises that bound).
         floor = np.iinfo(np.int64).min if self.last_t_ns is None else self.last_t_ns
@@ -121,14 +132,20 @@ class RingBuffer:
         return (start + np.arange(self._size)) % self.capacity
 
     def times(self) -> np.ndarray:
-        return self._t[self._order()]
+        return self.contents()[0]
 
     def values(self) -> np.ndarray:
-        return self._v[self._order()]
+        return self.contents()[1]
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of (times, values), oldest first, taken together so a concurrent push cannot split them."""
+        with self._lock:
+            order = self._order()
+            return self._t[order], self._v[order]
 
     def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int) -> np.ndarray:
         """Value at each tick (ascending int64 ns): newest sample at or before it, NaN if none or too old."""
-        t, v = self.times(), self.values()
+        t, v = self.contents()
         idx = np.searchsorted(t, ticks_ns, side="right") - 1
         out = np.full(ticks_ns.shape, np.nan)
         ok = idx >= 0

@@ -123,7 +123,8 @@ class Changes(_Strict):
     false_alarm_rate: float = Field(1e-3, gt=0, lt=0.5)
     min_effect: float = Field(0.1, ge=0)
     persist: int = Field(2, ge=1)
-    delta: float | None = Field(None, gt=0)
+    delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))
+    rel_delta: float = Field(0.25, ge=0, lt=10)  # ... and this fraction of the pair's level
 
 
 class ZmqOutput(_Strict):

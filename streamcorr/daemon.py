@@ -69,6 +69,7 @@ def engine_config(cfg: Config) -> EngineConfig:
         min_effect=cfg.changes.min_effect,
         persist=cfg.changes.persist,
         delta=cfg.changes.delta,
+        rel_delta=cfg.changes.rel_delta,
         auto_add_channels=cfg.channels.auto_add,
         skip_stale_hops=cfg.window.skip_stale_hops,
         estimator=est,
@@ -277,8 +278,7 @@ class Daemon:
     def engine_drops(self) -> dict[str, int]:
         ec = self.engine.counters
         out = {"unknown_channel": ec.unknown_channel, "bad_sample": ec.bad_sample}
-        for ch in list(self.engine._channels.values()):
-            c = ch.buffer.counters
+        for c in self.engine.channel_counters().values():
             for reason in ("late", "duplicate", "nonfinite", "overwritten"):
                 out[reason] = out.get(reason, 0) + getattr(c, reason)
         return out

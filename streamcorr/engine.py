@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffers import Resampler, RingBuffer
+from .buffers import ChannelCounters, Resampler, RingBuffer
 from .copula import SlidingRanks, marginal_histograms, pair_histograms
 from .errors import ConfigError, InputError
 from .estimator import Estimator
@@ -53,7 +53,8 @@ class EngineConfig:
     false_alarm_rate: float = 1e-3  # per pair and evaluation, from the estimator's null at window_len
     min_effect: float = 0.1  # nats: weaker dependence is not reported as "dependent"
     persist: int = 2
-    delta: float | None = None
+    delta: float | None = None  # nats a dependent pair must move for rise/fall (default from the null's spread)
+    rel_delta: float = 0.25  # ... and this fraction of its level
     auto_add_channels: bool = True
     skip_stale_hops: bool = True  # live: jump to the newest window when behind; replay: set False
     queue_size: int = 64  # per subscriber
@@ -153,7 +154,7 @@ class Engine:
         self.state = MatrixState([])
         self.counters = EngineCounters()
         self.calibration = _calibration(self.est, config.window_len, config.false_alarm_rate, config.min_effect)
-        self.detector = ChangeDetector(self.calibration, config.delta, config.persist)
+        self.detector = ChangeDetector(self.calibration, config.delta, config.persist, config.rel_delta)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._scheduler = Scheduler(self._pairs, config.max_pairs_per_hop or 1)
         for name in config.channels:
@@ -174,6 +175,10 @@ class Engine:
     def channels(self) -> list[str]:
         """Channel names in matrix order."""
         return list(self.state.channels)
+
+    def channel_counters(self) -> dict[str, ChannelCounters]:
+        """Per-channel sample counters (accepted, late, duplicate, nonfinite, overwritten), by channel name."""
+        return {name: ch.buffer.counters for name, ch in list(self._channels.items())}
 
     def _add_channel(self, name: str) -> None:
         # Only the buffer is created here (on the event loop); the matrix, pairs and scheduler grow in

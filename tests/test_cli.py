@@ -13,9 +13,9 @@ def test_import_is_cheap():
     assert out.split() == ["False", "False"]
 
 
-def test_demo_prints_pearson_and_mi(capsys):
-    """`streamcorr demo` estimates the built-in relations; MI flags the quadratic one that Pearson misses."""
-    assert main(["demo", "--window-len", "1000"]) == 0
+def test_static_demo_prints_pearson_and_mi(capsys):
+    """`streamcorr demo --static` estimates fixed relations; MI flags the quadratic one that Pearson misses."""
+    assert main(["demo", "--static", "--window-len", "1000"]) == 0
     lines = {
         line[:34].strip(): line[34:].split() for line in capsys.readouterr().out.splitlines() if line[:1].isalpha()
     }

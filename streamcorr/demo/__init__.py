@@ -186,9 +186,7 @@ def _drops(engine: Engine) -> dict[str, int]:
         "snapshots": c.snapshots_dropped,
         "events": c.events_dropped,
     }
-    # Per-channel buffer counters have no public accessor on Engine yet.
-    for ch in list(getattr(engine, "_channels", {}).values()):
-        bc = ch.buffer.counters
+    for bc in engine.channel_counters().values():
         for key in ("late", "duplicate", "nonfinite"):
             drops[key] = drops.get(key, 0) + int(getattr(bc, key))
     return drops
@@ -232,10 +230,14 @@ async def run_live_demo(
     nan_rate: float = 0.0,
     engine_overrides: Mapping[str, Any] | None = None,
     estimator: Any = None,
+    web_port: int | None = None,
+    web_host: str = "127.0.0.1",
+    record: list[ChangeEvent] | None = None,
 ) -> int:
     """Stream the rig through the engine at `speed` x real time and show the live view; returns an exit code.
 
-    duration_s defaults to the script plus 40 s (scaled). Ctrl-C (task cancellation) stops it cleanly.
+    duration_s defaults to the script plus 40 s (scaled). With web_port (0 picks a free one) the live web view
+    is served too. Events are appended to `record` if given. Ctrl-C (task cancellation) stops it cleanly.
     """
     from ..engine import Engine
     from ..estimator import default_estimator
@@ -280,14 +282,42 @@ async def run_live_demo(
             target = started + sent / (rig.rate_hz * speed)
             await asyncio.sleep(max(0.0, target - time.monotonic()))
 
+    web = None
+    if web_port is not None:
+        from ..publish.web import WebView
+
+        web = WebView(host=web_host, port=web_port, table_fn=engine.pair_table)
+        await web.start()
+        view.console.print(f"live web view: {web.url}", style="bold", highlight=False)
+
+    async def mirror() -> None:  # the web page and the event record get what the terminal gets
+        async def snaps() -> None:
+            async for snap in engine.snapshots():
+                if web is not None:
+                    web.publish_snapshot(snap)
+                    web.publish_stats({k: v for k, v in stats().items() if k != "pearson"})
+
+        async def events() -> None:
+            async for ev in engine.events():
+                if web is not None:
+                    web.publish_event(ev)
+                if record is not None:
+                    record.append(ev)
+
+        await asyncio.gather(snaps(), events())
+
     async with engine:
         shower = asyncio.create_task(view.run(engine.snapshots(timeout_s=5.0), engine.events(timeout_s=5.0), stats))
+        mirrored = asyncio.create_task(mirror())
         await asyncio.sleep(0)
         try:
             await produce()
             await engine.flush()
             await asyncio.sleep(0.2)
         finally:
-            shower.cancel()
-            await asyncio.gather(shower, return_exceptions=True)
+            for task in (shower, mirrored):
+                task.cancel()
+            await asyncio.gather(shower, mirrored, return_exceptions=True)
+            if web is not None:
+                await web.stop()
     return 0

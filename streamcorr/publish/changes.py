@@ -7,7 +7,8 @@ a threshold is a false-alarm rate per evaluation rather than a guess. A
 dependent pair becomes independent again below the null's 90th percentile (the
 hysteresis band). A pair must stay on the new side for ``persist`` consecutive
 evaluations before its state flips; while dependent, moves larger than
-``delta`` nats that persist the same way are reported as rise / fall.
+both ``delta`` nats and ``rel_delta`` of the current level (the estimator's spread
+grows with MI) and persist the same way are reported as rise / fall.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class NullCalibration:
 class ChangeDetector:
     """Per-pair hysteresis state machine; feed it each evaluation, collect the events it returns."""
 
-    def __init__(self, calibration: NullCalibration, delta: float | None = None, persist: int = 2) -> None:
+    def __init__(
+        self, calibration: NullCalibration, delta: float | None = None, persist: int = 2, rel_delta: float = 0.25
+    ) -> None:
         if persist < 1:
             raise ConfigError(f"persist must be >= 1 evaluation; got {persist}")
         self.cal = calibration
@@ -72,6 +75,9 @@ class ChangeDetector:
         self.delta = max(0.1, 6 * calibration.null_std) if delta is None else delta
         if self.delta <= 0:
             raise ConfigError(f"delta must be > 0 nats; got {self.delta}")
+        if not 0 <= rel_delta < 10:
+            raise ConfigError(f"rel_delta must be in [0, 10); got {rel_delta}")
+        self.rel_delta = rel_delta
         self.persist = persist
         self._dependent: dict[tuple[str, str], bool] = {}
         self._level: dict[tuple[str, str], float] = {}
@@ -100,7 +106,7 @@ class ChangeDetector:
             candidate = "became-dependent"
         elif dependent and mi < self.cal.independent_below:
             candidate = "became-independent"
-        elif dependent and abs(mi - prev) > self.delta:
+        elif dependent and abs(mi - prev) > max(self.delta, self.rel_delta * prev):
             candidate = "rise" if mi > prev else "fall"
         if candidate is None:
             self._streak.pop(pair, None)
