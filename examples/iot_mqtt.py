@@ -1,0 +1,331 @@
+"""IoT telemetry through Mosquitto: which devices share a cause, and which one lost its fan.
+
+Four devices each report ``temp`` (degC), ``humidity`` (%RH), ``power`` (W) and ``fan_rpm`` once a second as a
+JSON object on ``<site>/<device>``:
+
+- ``lab-1`` and ``lab-2`` stand in the same room as a heater whose output changes from second to second (a
+  PWM thermostat), so their temperatures share a common cause although neither device affects the other;
+- ``office`` and ``hall`` are in other rooms, each with its own independent load.
+
+Inside each device the channels are coupled the way real hardware couples them, mostly non-linearly: relative
+humidity falls exponentially as the air warms, a fan controller sets the fan speed from the temperature, and the
+fan's power draw grows with the cube of its speed (the fan affinity law). The devices are not synchronised:
+each samples at its own phase within the second, and the engine aligns them on a 1 Hz common clock.
+
+Halfway through, ``lab-2``'s fan fails: its tachometer reads only noise around zero, its power draw no longer
+follows the fan, and the device slowly warms up.
+
+The script runs a streamcorr ``Daemon`` in-process with an MQTT source (topics ``<site>/+``, channel template
+``{topic[1]}.{key}``, so ``site/lab-2`` + ``fan_rpm`` is channel ``lab-2.fan_rpm``) and an MQTT output under a
+unique prefix, publishes the telemetry with aiomqtt (simulated time runs ``--speed`` times faster than the wall
+clock; the timestamps are in the payloads), and reads the results back with ``Subscriber("mqtt://...")``. It
+prints the dependence changes ("became-dependent" / "became-independent" events; ``--all-events`` adds "rise" and
+"fall") as they arrive and the strongest pairs of the latest snapshot, overall and across devices, then clears the
+retained messages it left on the broker.
+
+Run: ``python examples/iot_mqtt.py [--host 127.0.0.1] [--port 1883] [--seconds 400] [--speed 40]``. Exit code 0
+when the fan failure was detected ("became-independent" between ``lab-2.fan_rpm`` and ``lab-2.temp``) and the
+heater's common cause (``lab-1.temp`` ~ ``lab-2.temp``) is among the strongest pairs; 1 otherwise; 2 when no
+MQTT broker answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiomqtt
+import numpy as np
+
+from streamcorr.config import parse_config
+from streamcorr.daemon import Daemon
+from streamcorr.publish.changes import ChangeEvent
+from streamcorr.publish.snapshot import Snapshot
+from streamcorr.publish.subscriber import Subscriber
+
+RATE_HZ = 1.0
+WINDOW = 128  # samples: about two minutes of telemetry
+HOP = 8  # samples: one evaluation every 8 s of device time
+FIELDS = ("temp", "humidity", "power", "fan_rpm")
+# device -> (room, sampling phase in s before each tick of the common clock, base temperature in degC)
+DEVICES: dict[str, tuple[str, float, float]] = {
+    "lab-1": ("lab", 0.1, 23.0),
+    "lab-2": ("lab", 0.6, 24.0),
+    "office": ("office", 0.3, 21.0),
+    "hall": ("hall", 0.8, 19.0),
+}
+FAILING = "lab-2"
+FAN_PAIR = ("lab-2.temp", "lab-2.fan_rpm")  # engine order: channels are listed device by device
+COMMON_CAUSE_PAIR = ("lab-1.temp", "lab-2.temp")
+TOP_K = 10
+TOP_CROSS = 5
+
+
+class Site:
+    """The simulated devices: ``readings(k)`` gives every device's sample for second k, ``{device: {field: x}}``.
+
+    >>> site = Site(np.random.default_rng(0), fail_at_s=10.0)
+    >>> r = site.readings(0)
+    >>> sorted(r) == sorted(DEVICES), sorted(r["lab-1"]) == sorted(FIELDS)
+    (True, True)
+    """
+
+    def __init__(self, rng: np.random.Generator, fail_at_s: float) -> None:
+        self.rng = rng
+        self.fail_at_s = fail_at_s
+        self.load = dict.fromkeys(("lab", "office", "hall"), 0.0)  # each room's heat input, AR(1), unit variance
+
+    def readings(self, k: int) -> dict[str, dict[str, float]]:
+        for room, prev in self.load.items():
+            self.load[room] = 0.3 * prev + float(self.rng.normal(0.0, np.sqrt(1 - 0.3**2)))
+        out = {}
+        for device, (room, _, base) in DEVICES.items():
+            failed = device == FAILING and k >= self.fail_at_s
+            warming = 2.0 * (1 - np.exp(-(k - self.fail_at_s) / 60.0)) if failed else 0.0  # no cooling any more
+            n = self.rng.normal(0.0, 1.0, 4)
+            temp = base + 1.5 * self.load[room] + warming + 0.4 * n[0]
+            humidity = 60.0 * np.exp(-0.07 * (temp - 20.0)) + 0.8 * n[1]
+            if failed:
+                rpm = abs(15.0 * n[2])  # the tachometer's noise floor
+            else:
+                rpm = float(np.clip(1200.0 + 350.0 * (temp - base), 300.0, 3000.0)) + 25.0 * n[2]
+            power = 40.0 + 60.0 * (rpm / 2000.0) ** 3 + 1.0 * n[3]
+            out[device] = {"temp": temp, "humidity": humidity, "power": power, "fan_rpm": rpm}
+        return out
+
+
+@dataclass
+class IotResult:
+    """What the run showed: events, the latest snapshot's strongest pairs, and the verdicts."""
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    snapshots: int = 0
+    latest: Snapshot | None = None
+    top_pairs: list[tuple[str, str, float]] = field(default_factory=list)  # (a, b, nats), strongest first
+    top_cross_device: list[tuple[str, str, float]] = field(default_factory=list)  # pairs of two devices' channels
+    fan_failure_detected_after_s: float | None = None  # device seconds from the failure to its event
+    common_cause_found: bool = False
+    ok: bool = False
+
+
+def top_pairs(snap: Snapshot, k: int, *, cross_device: bool = False) -> list[tuple[str, str, float]]:
+    """The k strongest evaluated pairs of a snapshot, (a, b, MI in nats), strongest first; with cross_device,
+    only pairs whose channels belong to different devices."""
+    i, j = np.triu_indices(len(snap.channels), 1)
+    mi = snap.mi[i, j].copy()
+    if cross_device:
+        device = np.array([name.split(".", 1)[0] for name in snap.channels])
+        mi[device[i] == device[j]] = np.nan
+    order = [n for n in np.argsort(-np.nan_to_num(mi, nan=-1.0)) if np.isfinite(mi[n])][:k]
+    return [(snap.channels[i[n]], snap.channels[j[n]], float(mi[n])) for n in order]
+
+
+def broker_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def daemon_config(host: str, port: int, site: str, prefix: str) -> dict[str, Any]:
+    """The daemon's configuration (the same keys as a YAML file for `streamcorr run`)."""
+    broker = {"host": host, "port": port}
+    return {
+        "version": 1,
+        "sources": [{"type": "mqtt", **broker, "topics": [f"{site}/+"], "channel_template": "{topic[1]}.{key}"}],
+        "channels": {
+            "names": [f"{d}.{f}" for d in DEVICES for f in FIELDS],
+            "rate_hz": RATE_HZ,
+            "max_staleness_s": 0.9,  # each device's sample is held until the next tick of the 1 Hz clock
+        },
+        "window": {"samples": WINDOW, "hop_samples": HOP},
+        "outputs": {"mqtt": {**broker, "prefix": prefix}, "status_interval_s": 1.0},
+        "http": {"enabled": False},
+    }
+
+
+def _fmt_event(ev: ChangeEvent, t0_s: float) -> str:
+    a, b = ev.pair
+    return f"  t={ev.t_ns / 1e9 - t0_s:6.0f} s  {ev.kind:<18}  {a} ~ {b}:  {ev.previous:.2f} -> {ev.current:.2f} nats"
+
+
+async def _publish(host: str, port: int, site: Site, site_name: str, seconds: float, speed: float, t0_s: float) -> int:
+    """Publish every device's readings once per device second, paced at `speed` x real time; returns messages."""
+    sent = 0
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with aiomqtt.Client(host, port, identifier=f"iot-sim-{uuid.uuid4().hex[:8]}") as client:
+        for k in range(1, int(seconds * RATE_HZ) + 1):
+            for device, fields in site.readings(k).items():
+                t = t0_s + k / RATE_HZ - DEVICES[device][1]  # each device samples at its own phase
+                payload = {"t": round(t, 3), "seq": k, **{f: round(v, 3) for f, v in fields.items()}}
+                await client.publish(f"{site_name}/{device}", json.dumps(payload), qos=1)
+                sent += 1
+            await asyncio.sleep(max(0.0, start + k / RATE_HZ / speed - loop.time()))
+    return sent
+
+
+async def _clear_retained(host: str, port: int, prefix: str) -> None:
+    """The output retains its last snapshot and status; a one-off run should not leave them on the broker."""
+    async with aiomqtt.Client(host, port) as client:
+        for stream in ("snapshot", "pairs", "status"):
+            await client.publish(f"{prefix}/{stream}", b"", qos=1, retain=True)
+
+
+async def run(
+    host: str,
+    port: int,
+    site_name: str,
+    seconds: float,
+    fail_at_s: float,
+    speed: float,
+    seed: int,
+    all_events: bool = False,
+) -> IotResult:
+    """Run the daemon, the devices and the subscriber; collect what the subscriber received."""
+    result = IotResult()
+    prefix = f"streamcorr-example/{uuid.uuid4().hex[:8]}"
+    t0_s = float(round(time.time()))  # device clocks: Unix seconds, advancing `speed` x faster than real time
+    daemon = Daemon(parse_config(daemon_config(host, port, site_name, prefix)))
+    daemon_task = asyncio.create_task(daemon.run(install_signals=False))
+    src = daemon.sources[0][1]
+    try:
+        deadline = time.monotonic() + 30
+        while not (src.connected and daemon.sinks[0].connected):
+            if daemon_task.done():
+                daemon_task.result()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the daemon did not connect to {host}:{port} within 30 s")
+            await asyncio.sleep(0.05)
+        print(f"daemon: subscribed to {site_name}/+ on {host}:{port}, publishing under {prefix}/")
+        print(
+            f"site: {len(DEVICES)} devices x {len(FIELDS)} fields, {seconds:g} s; {FAILING}'s fan fails at "
+            f"{fail_at_s:g} s"
+        )
+        print("change events:" if all_events else "change events (dependence switching on or off):")
+        async with Subscriber(f"mqtt://{host}:{port}", prefix=prefix, streams=("snapshot", "event")) as sub:
+
+            async def take_snapshots() -> None:
+                async for snap in sub.snapshots():
+                    result.snapshots += 1
+                    result.latest = snap
+
+            async def take_events() -> None:
+                async for ev in sub.events():
+                    result.events.append(ev)
+                    if all_events or ev.kind.startswith("became-"):
+                        print(_fmt_event(ev, t0_s), flush=True)
+
+            readers = [asyncio.create_task(take_snapshots()), asyncio.create_task(take_events())]
+            site = Site(np.random.default_rng(seed), fail_at_s)
+            await _publish(host, port, site, site_name, seconds, speed, t0_s)
+            hops = -1
+            while hops != daemon.engine.counters.hops:  # the last messages may still be on their way in
+                hops = daemon.engine.counters.hops
+                await asyncio.sleep(0.5)
+                await daemon.engine.flush()
+            await asyncio.sleep(0.5)  # the last snapshot and events cross the broker
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+    finally:
+        daemon.stop()
+        await daemon_task
+        with contextlib.suppress(aiomqtt.MqttError, OSError):
+            await _clear_retained(host, port, prefix)
+    if not all_events:
+        moves = sum(not ev.kind.startswith("became-") for ev in result.events)
+        print(f"  (and {moves} rise/fall events of pairs that stayed dependent; --all-events lists them)")
+    c, ec = src.counters, daemon.engine.counters
+    print(
+        f"daemon: {c.messages} messages, {c.samples_accepted} samples accepted, {c.dropped} dropped, "
+        f"{c.seq_gaps} lost; {ec.hops} windows evaluated "
+        f"({ec.pairs_evaluated} pair estimates), {ec.hops_skipped} skipped while the engine was busy"
+    )
+    _judge(result, t0_s + fail_at_s)
+    return result
+
+
+def _judge(result: IotResult, fail_t_s: float) -> None:
+    after = [
+        ev.t_ns / 1e9 - fail_t_s
+        for ev in result.events
+        if ev.kind == "became-independent" and ev.pair == FAN_PAIR and ev.t_ns / 1e9 >= fail_t_s
+    ]
+    result.fan_failure_detected_after_s = min(after) if after else None
+    if result.latest is not None:
+        result.top_pairs = top_pairs(result.latest, TOP_K)
+        result.top_cross_device = top_pairs(result.latest, TOP_CROSS, cross_device=True)
+    # The heater couples the two lab devices and nothing else: the strongest cross-device pairs are all lab-1 x
+    # lab-2, the temperatures among them.
+    labs = {"lab-1", "lab-2"}
+    result.common_cause_found = COMMON_CAUSE_PAIR in {(a, b) for a, b, _ in result.top_cross_device} and all(
+        {a.split(".")[0], b.split(".")[0]} == labs for a, b, _ in result.top_cross_device
+    )
+    result.ok = result.fan_failure_detected_after_s is not None and result.common_cause_found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="MQTT broker (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=1883, help="MQTT port (default 1883)")
+    parser.add_argument("--site", default="site", help="first topic level: devices publish on <site>/<device>")
+    parser.add_argument("--seconds", type=float, default=400.0, help="device time to simulate (default 400)")
+    parser.add_argument("--fail-at", type=float, default=None, help="device time the fan fails (default: halfway)")
+    parser.add_argument("--speed", type=float, default=40.0, help="device seconds per wall-clock second (default 40)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--all-events", action="store_true", help="also print rise/fall events")
+    args = parser.parse_args(argv)
+    fail_at = args.seconds / 2 if args.fail_at is None else args.fail_at
+    window_s = WINDOW / RATE_HZ
+    after_s = window_s + 4 * HOP / RATE_HZ  # the failure must fill a window, then be confirmed
+    if not 0 < args.speed <= 1000 or not window_s + 2 * HOP / RATE_HZ <= fail_at <= args.seconds - after_s:
+        parser.error(
+            f"need 0 < --speed <= 1000, and --fail-at at least {window_s + 2 * HOP / RATE_HZ:g} s into the run "
+            f"and {after_s:g} s before its end (a window before it, a window and a few evaluations after)"
+        )
+    if not args.site or any(c in args.site for c in "/+#"):
+        parser.error(f"--site must be one topic level without '/', '+' or '#'; got {args.site!r}")
+    if not broker_answers(args.host, args.port):
+        print(
+            f"No MQTT broker answers on {args.host}:{args.port}. Start Mosquitto (e.g. `mosquitto -d`, or "
+            f"`sudo systemctl start mosquitto`) or point --host/--port at a running broker.",
+            file=sys.stderr,
+        )
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    result = asyncio.run(
+        run(args.host, args.port, args.site, args.seconds, fail_at, args.speed, args.seed, args.all_events)
+    )
+    print(f"\nstrongest pairs of the latest snapshot ({result.snapshots} snapshots received):")
+    for a, b, mi in result.top_pairs:
+        print(f"  {a:>15} ~ {b:<15} {mi:5.2f} nats")
+    print("strongest pairs across devices:")
+    for a, b, mi in result.top_cross_device:
+        print(f"  {a:>15} ~ {b:<15} {mi:5.2f} nats")
+    if result.ok:
+        print(
+            f"\nOK: {FAILING}'s fan failure was detected {result.fan_failure_detected_after_s:.0f} s after it "
+            f"happened, and the shared heater shows as {COMMON_CAUSE_PAIR[0]} ~ {COMMON_CAUSE_PAIR[1]}"
+        )
+        return 0
+    if result.fan_failure_detected_after_s is None:
+        print(f"\nFAILED: no 'became-independent' event on {FAN_PAIR} after the fan failed")
+    if not result.common_cause_found:
+        print(f"\nFAILED: the strongest cross-device pairs are not all lab-1 ~ lab-2 including {COMMON_CAUSE_PAIR}")
+    return 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,0 +1,307 @@
+"""Robot sensor fusion over ZeroMQ: three IMUs on one robot, and the moment one of them comes loose.
+
+A mobile robot carries three IMUs (accelerometer ax, ay, az in m/s^2 and gyro gx, gy, gz in rad/s, 100 Hz):
+
+- ``body`` on the chassis;
+- ``arm`` on a rigid arm 0.5 m out from the yaw axis;
+- ``tool`` on a tool clamped 0.8 m out on the same arm.
+
+The robot runs a random excitation manoeuvre (as in a calibration run: yaw rate and forward acceleration change
+every few tens of milliseconds), so a few seconds of data hold hundreds of nearly independent samples. The
+kinematics couple the axes: every IMU that is rigidly mounted sees the chassis' yaw rate on its gz axis and its
+forward acceleration on ax, and the off-axis IMUs see the centripetal acceleration ``-r * omega^2`` on ay. That
+last coupling is non-linear and symmetric in omega, so Pearson's correlation with the gyro is about zero while
+the mutual information is large. (The tangential term ``r * d(omega)/dt`` is left out to keep the model small.)
+Roll and pitch gyros and the vertical accelerometers see only their own sensor noise.
+
+Halfway through, the tool's clamp breaks: the tool hangs from its cable and swings on its own, so its three
+coupled axes stop following the chassis.
+
+The script runs a streamcorr ``Daemon`` in-process with a ZeroMQ PULL source and a ZeroMQ PUB output, PUSHes the
+IMU frames to it as msgpack chunks (one message per 100 ms of robot time, with explicit timestamps), and reads
+the results back with a ``Subscriber`` on the daemon's output: it prints the change events as they arrive and,
+at the end, the strongest pairs of the latest snapshot. Robot time runs ``--speed`` times faster than the wall
+clock; sends are paced so that the engine keeps up and no window is overwritten before it is evaluated.
+
+Run: ``python examples/robot_imu_zmq.py [--seconds 40] [--speed 5]``. Exit code 0 when the break was detected
+(a "became-independent" event between the tool's gyro and a rigidly mounted gyro after the break) and the
+strongest pairs of the latest snapshot include the rigid and the centripetal couplings; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from streamcorr.config import parse_config
+from streamcorr.daemon import Daemon
+from streamcorr.publish.changes import ChangeEvent
+from streamcorr.publish.snapshot import Snapshot
+from streamcorr.publish.subscriber import Subscriber
+
+RATE_HZ = 100.0
+CHUNK = 10  # samples per message: 100 ms of robot time
+IMUS = ("body", "arm", "tool")
+AXES = ("ax", "ay", "az", "gx", "gy", "gz")
+CHANNELS = tuple(f"{imu}.{axis}" for imu in IMUS for axis in AXES)
+RADIUS_M = {"body": 0.0, "arm": 0.5, "tool": 0.8}  # distance from the yaw axis
+G = 9.81
+# The IMU hub's clock is not locked to the engine's 100 Hz grid: each sample is taken a quarter period before a tick
+# and held for it. (Samples exactly on the ticks would be fragile: float64 Unix seconds resolve only ~0.24 us, so
+# some would land just after their tick and be held over to the next one, repeating rows of the aligned window.)
+PHASE_S = -0.25 / RATE_HZ
+WINDOW = 512  # samples: 5.12 s of robot time
+HOP = 100  # samples: one evaluation per second of robot time
+# What the final check looks for: the rigid gyro pair and a centripetal (omega^2) pair stay coupled ...
+RIGID_PAIR = ("body.gz", "arm.gz")
+CENTRIPETAL_PAIR = ("body.gz", "arm.ay")
+# ... and the tool's gyro decouples from a rigidly mounted gyro after the break.
+BROKEN_PAIRS = (("body.gz", "tool.gz"), ("arm.gz", "tool.gz"))
+
+
+class Robot:
+    """The simulated robot: ``frames(n)`` returns the next n samples of every channel, ``{channel: (n,)}``.
+
+    >>> robot = Robot(np.random.default_rng(0), break_at_s=1.0)
+    >>> chunk = robot.frames(10)
+    >>> sorted(chunk) == sorted(CHANNELS), chunk["body.az"].shape
+    (True, (10,))
+    """
+
+    def __init__(self, rng: np.random.Generator, break_at_s: float) -> None:
+        self.rng = rng
+        self.break_at_s = break_at_s
+        self.k = 0  # samples produced so far
+        self.omega = 0.0  # chassis yaw rate, rad/s
+        self.acc = 0.0  # chassis forward acceleration, m/s^2
+        self.swing = 0.0  # the loose tool's own yaw rate, rad/s
+
+    def _ar1(self, prev: float, n: int, phi: float, std: float) -> np.ndarray:
+        """n steps of a fast AR(1) excitation with stationary standard deviation std."""
+        out = np.empty(n)
+        innov = self.rng.normal(0.0, std * np.sqrt(1 - phi**2), n)
+        for k in range(n):
+            prev = phi * prev + innov[k]
+            out[k] = prev
+        return out
+
+    def frames(self, n: int) -> dict[str, np.ndarray]:
+        omega = self._ar1(self.omega, n, phi=0.5, std=1.0)
+        acc = self._ar1(self.acc, n, phi=0.5, std=0.6)
+        swing = self._ar1(self.swing, n, phi=0.5, std=1.0)
+        self.omega, self.acc, self.swing = float(omega[-1]), float(acc[-1]), float(swing[-1])
+        t_s = (self.k + np.arange(n)) / RATE_HZ
+        self.k += n
+        loose = t_s >= self.break_at_s  # (n,) samples after the clamp broke
+        out: dict[str, np.ndarray] = {}
+        for imu in IMUS:
+            rate = np.where(loose, swing, omega) if imu == "tool" else omega
+            fwd = np.where(loose, 0.0, acc) if imu == "tool" else acc
+            noise = self.rng.normal(0.0, 1.0, (6, n))
+            out[f"{imu}.ax"] = fwd + 0.1 * noise[0]
+            out[f"{imu}.ay"] = -RADIUS_M[imu] * rate**2 + 0.1 * noise[1]  # centripetal, toward the yaw axis
+            out[f"{imu}.az"] = G + 0.05 * noise[2]
+            out[f"{imu}.gx"] = 0.02 * noise[3]  # flat floor: roll and pitch rates are sensor noise
+            out[f"{imu}.gy"] = 0.02 * noise[4]
+            out[f"{imu}.gz"] = rate + 0.1 * noise[5]
+        return out
+
+
+@dataclass
+class RobotResult:
+    """What the run showed: events, the latest snapshot's strongest pairs, and whether the break was seen."""
+
+    events: list[ChangeEvent] = field(default_factory=list)
+    snapshots: int = 0
+    latest: Snapshot | None = None
+    top_pairs: list[tuple[str, str, float]] = field(default_factory=list)  # (a, b, nats), strongest first
+    break_detected_after_s: float | None = None  # robot seconds from the break to its first event
+    ok: bool = False
+
+
+def top_pairs(snap: Snapshot, k: int) -> list[tuple[str, str, float]]:
+    """The k strongest evaluated pairs of a snapshot, (a, b, MI in nats), strongest first."""
+    i, j = np.triu_indices(len(snap.channels), 1)
+    mi = snap.mi[i, j]
+    order = [n for n in np.argsort(-np.nan_to_num(mi, nan=-1.0)) if np.isfinite(mi[n])][:k]
+    return [(snap.channels[i[n]], snap.channels[j[n]], float(mi[n])) for n in order]
+
+
+def daemon_config(in_port: int, out_port: int, last_port: int) -> dict[str, Any]:
+    """The daemon's configuration (the same keys as a YAML file for `streamcorr run`); port 0: any free port."""
+
+    def endpoint(port: int) -> str:
+        return f"tcp://127.0.0.1:{port or '*'}"
+
+    return {
+        "version": 1,
+        "sources": [
+            {"type": "zmq", "endpoint": endpoint(in_port), "mode": "pull", "bind": True, "channel_template": "{key}"}
+        ],
+        "channels": {"names": list(CHANNELS), "rate_hz": RATE_HZ, "max_staleness_s": 0.02},
+        "window": {"samples": WINDOW, "hop_samples": HOP},
+        "outputs": {
+            "zmq": {"endpoint": endpoint(out_port), "snapshot_endpoint": endpoint(last_port), "prefix": "robot"},
+            "status_interval_s": 1.0,
+        },
+        "http": {"enabled": False},
+    }
+
+
+def _fmt_event(ev: ChangeEvent, t0_s: float) -> str:
+    a, b = ev.pair
+    return f"  t={ev.t_ns / 1e9 - t0_s:6.1f} s  {ev.kind:<18}  {a} ~ {b}:  {ev.previous:.2f} -> {ev.current:.2f} nats"
+
+
+async def _wait_until_up(daemon: Daemon, run: asyncio.Task[None], timeout_s: float = 30.0) -> tuple[str, str, str]:
+    """The endpoints actually bound (source, output, late-joiner cache) once the daemon listens."""
+    src = daemon.sources[0][1]
+    deadline = time.monotonic() + timeout_s
+    while not src.ready.is_set():
+        if run.done():
+            run.result()  # raises what stopped it (e.g. a port in use)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the daemon did not start listening within {timeout_s:.0f} s")
+        await asyncio.sleep(0.02)
+    sink = daemon.sinks[0]
+    return src.bound_endpoint, sink.endpoint, sink.snapshot_endpoint
+
+
+async def _publish(push: zmq.asyncio.Socket, robot: Robot, seconds: float, speed: float, t0_s: float) -> int:
+    """PUSH the robot's frames as msgpack chunks, paced at `speed` x real time; returns messages sent."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    n_msgs = int(seconds * RATE_HZ) // CHUNK
+    for m in range(n_msgs):
+        frames = robot.frames(CHUNK)
+        chunk = {
+            "t0": t0_s + PHASE_S + m * CHUNK / RATE_HZ,
+            "dt": 1.0 / RATE_HZ,
+            "seq": m,  # lets the daemon count lost messages
+            "channels": {name: v.astype("<f8").tobytes() for name, v in frames.items()},  # float64 bins
+        }
+        await push.send_multipart([b"robot", msgpack.packb(chunk)])
+        await asyncio.sleep(max(0.0, start + (m + 1) * CHUNK / RATE_HZ / speed - loop.time()))
+    return n_msgs
+
+
+async def _until(done: Any, timeout_s: float) -> None:
+    """Poll done() every 20 ms until it is true or timeout_s has passed."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def run(seconds: float, break_at_s: float, speed: float, seed: int, ports: tuple[int, int, int]) -> RobotResult:
+    """Run the daemon, the robot and the subscriber; collect what the subscriber received."""
+    result = RobotResult()
+    t0_s = float(round(time.time()))  # the robot's clock: Unix seconds, advancing `speed` x faster than real time
+    daemon = Daemon(parse_config(daemon_config(*ports)))  # loads the model (and calibrates once per machine)
+    daemon_task = asyncio.create_task(daemon.run(install_signals=False))
+    push = zmq.asyncio.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 1000)  # PUSH blocks when the daemon is this far behind: nothing is lost
+    push.setsockopt(zmq.LINGER, 0)
+    src = daemon.sources[0][1]
+    try:
+        src_ep, out_ep, last_ep = await _wait_until_up(daemon, daemon_task)
+        push.connect(src_ep)
+        print(f"daemon: ZeroMQ PULL on {src_ep}, publishing on {out_ep} (latest snapshot: {last_ep})")
+        print(f"robot: {len(CHANNELS)} channels at {RATE_HZ:g} Hz for {seconds:g} s, clamp breaks at {break_at_s:g} s")
+        print("change events:")
+        async with Subscriber(out_ep, prefix="robot", snapshot_url=last_ep, late_join=False) as sub:
+            await asyncio.sleep(0.3)  # PUB/SUB: let the subscription reach the publisher before anything is sent
+
+            async def take_snapshots() -> None:
+                async for snap in sub.snapshots():
+                    result.snapshots += 1
+                    result.latest = snap
+
+            async def take_events() -> None:
+                async for ev in sub.events():
+                    result.events.append(ev)
+                    print(_fmt_event(ev, t0_s), flush=True)
+
+            readers = [asyncio.create_task(take_snapshots()), asyncio.create_task(take_events())]
+            robot = Robot(np.random.default_rng(seed), break_at_s)
+            sent = await _publish(push, robot, seconds, speed, t0_s)
+            await _until(lambda: src.counters.messages >= sent, timeout_s=10.0)  # all ingested ...
+            await daemon.engine.flush()  # ... and every window that is due evaluated
+            await asyncio.sleep(0.3)  # ... and its snapshot and events have crossed the PUB socket
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+    finally:
+        daemon.stop()
+        await daemon_task
+        push.close()  # after the daemon, which would otherwise log the robot's disconnection
+    counters, ec = src.counters, daemon.engine.counters
+    print(
+        f"daemon: {counters.messages} messages, {counters.samples_accepted} samples accepted, "
+        f"{counters.dropped} dropped, {counters.seq_gaps} lost; {ec.hops} windows evaluated "
+        f"({ec.pairs_evaluated} pair estimates), {ec.hops_skipped} skipped while the engine was busy"
+    )
+    _judge(result, t0_s + break_at_s)
+    return result
+
+
+def _judge(result: RobotResult, break_t_s: float) -> None:
+    broken = {tuple(p) for p in BROKEN_PAIRS}
+    after = [
+        ev.t_ns / 1e9 - break_t_s
+        for ev in result.events
+        if ev.kind == "became-independent" and ev.pair in broken and ev.t_ns / 1e9 >= break_t_s
+    ]
+    result.break_detected_after_s = min(after) if after else None
+    if result.latest is not None:
+        result.top_pairs = top_pairs(result.latest, 8)
+    strongest = {(a, b) for a, b, _ in result.top_pairs}
+    result.ok = result.break_detected_after_s is not None and {RIGID_PAIR, CENTRIPETAL_PAIR} <= strongest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=40.0, help="robot time to simulate (default 40)")
+    parser.add_argument("--break-at", type=float, default=None, help="robot time of the break (default: halfway)")
+    parser.add_argument("--speed", type=float, default=5.0, help="robot time per wall-clock second (default 5)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="daemon's ZeroMQ PULL port (default: any free port)")
+    parser.add_argument("--pub-port", type=int, default=0, help="daemon's ZeroMQ PUB port (default: any free port)")
+    parser.add_argument("--latest-port", type=int, default=0, help="late-joiner cache port (default: any free)")
+    args = parser.parse_args(argv)
+    break_at = args.seconds / 2 if args.break_at is None else args.break_at
+    if not 0 < args.speed <= 1000 or not 2 * WINDOW / RATE_HZ <= break_at <= args.seconds - WINDOW / RATE_HZ:
+        parser.error(
+            f"need 0 < --speed <= 1000, and --break-at at least {2 * WINDOW / RATE_HZ:g} s into the run and "
+            f"{WINDOW / RATE_HZ:g} s before its end (one window before and after)"
+        )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    result = asyncio.run(
+        run(args.seconds, break_at, args.speed, args.seed, (args.port, args.pub_port, args.latest_port))
+    )
+    print(f"\nstrongest pairs of the latest snapshot ({result.snapshots} snapshots received):")
+    for a, b, mi in result.top_pairs:
+        print(f"  {a:>8} ~ {b:<8} {mi:5.2f} nats")
+    if result.ok:
+        print(f"\nOK: the tool's clamp break was detected {result.break_detected_after_s:.1f} s after it happened")
+        return 0
+    if result.break_detected_after_s is None:
+        print("\nFAILED: no 'became-independent' event between the tool's gyro and a rigid gyro after the break")
+    else:
+        print(f"\nFAILED: the strongest pairs lack the rigid {RIGID_PAIR} or centripetal {CENTRIPETAL_PAIR} coupling")
+    return 1
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
