@@ -23,6 +23,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from ..logutil import RateLimitedLog
+
 __all__ = ["ArrivalClock", "Batch", "IngestCounters", "RateLimitedLog", "Sink", "decode_safely", "deliver", "merge"]
 
 # (channel, t_s, values) -> samples accepted; Engine.push has this shape.
@@ -78,36 +80,6 @@ class IngestCounters:
         out["dropped"] = self.dropped
         out["samples_rejected"] = self.samples_rejected
         return out
-
-
-class RateLimitedLog:
-    """Logs the first message per key, then at most one per ``interval_s`` with a count of those held back.
-
-    >>> import logging
-    >>> rl = RateLimitedLog(logging.getLogger("doctest"), interval_s=60)
-    >>> [rl(logging.INFO, "k", "hello") for _ in range(3)]
-    [True, False, False]
-    """
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 10.0) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._state: dict[str, tuple[float, int]] = {}  # key -> (last logged, suppressed since)
-
-    def __call__(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> bool:
-        now = time.monotonic()
-        last, held = self._state.get(key, (-math.inf, 0))
-        if now - last < self.interval_s:
-            self._state[key] = (last, held + 1)
-            return False
-        if len(self._state) > 1024:  # keys are meant to be few (reasons); never let them grow without bound
-            self._state.clear()
-        self._state[key] = (now, 0)
-        if held:
-            msg += " (%d similar messages suppressed)"
-            args = (*args, held)
-        self.logger.log(level, msg, *args, exc_info=exc_info)
-        return True
 
 
 class ArrivalClock:

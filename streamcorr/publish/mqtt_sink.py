@@ -25,6 +25,7 @@ import aiomqtt
 
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, jittered_backoff, make_client
+from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .envelope import (
     check_event,
@@ -36,7 +37,7 @@ from .envelope import (
     encode_status,
     topic,
 )
-from .sinks import RateLimitedLog, SinkCounters
+from .sinks import SinkCounters
 from .snapshot import Snapshot
 
 __all__ = ["MqttPublisher"]

@@ -17,18 +17,17 @@ messages in transit; snapshots a sink skipped on purpose (superseded while waiti
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
 import math
 import numbers
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import StreamcorrError
+from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .snapshot import Snapshot
 
@@ -89,25 +88,6 @@ class SinkCounters:
             else:
                 out[f.name] = value
         return out
-
-
-class RateLimitedLog:
-    """At most one warning per ``every_s`` and key; the rest are counted and reported with the next one."""
-
-    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
-        self.logger = logger
-        self.every_s = every_s
-        self._last: dict[str, float] = {}
-        self._suppressed: collections.Counter[str] = collections.Counter()
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(key, -math.inf) < self.every_s:
-            self._suppressed[key] += 1
-            return
-        self._last[key] = now
-        skipped = self._suppressed.pop(key, 0)
-        self.logger.warning(msg + (f" ({skipped} more like this suppressed)" if skipped else ""), *args)
 
 
 def engine_counters(engine: Engine) -> dict[str, int | float]:

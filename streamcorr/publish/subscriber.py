@@ -37,9 +37,9 @@ import zmq.asyncio
 
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, MqttTls, jittered_backoff, make_client
+from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .envelope import MAX_ENVELOPE_BYTES, STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
-from .sinks import RateLimitedLog
 from .snapshot import Snapshot
 
 __all__ = ["Subscriber", "SubscriberCounters"]

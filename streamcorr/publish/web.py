@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from ..errors import ConfigError
+from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .snapshot import Snapshot
 
@@ -60,24 +60,6 @@ class WebViewCounters:
     bad_requests: int = 0  # /api/pair with missing or unknown names
     table_errors: int = 0  # table_fn raised or returned something that is not a (G, G) array
     table_busy: int = 0  # /api/pair answered 503: too many table computations at once
-
-
-class _RateLimitedLog:
-    """At most one warning per ``every_s`` per key; the rest are counted and summarised in the next one."""
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        self.every_s = every_s
-        self._last: dict[str, float] = {}
-        self._suppressed: collections.Counter[str] = collections.Counter()
-
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        if now - self._last.get(key, -math.inf) < self.every_s:
-            self._suppressed[key] += 1
-            return
-        self._last[key] = now
-        skipped = self._suppressed.pop(key, 0)
-        log.warning(msg + (f" ({skipped} similar suppressed)" if skipped else ""), *args)
 
 
 def _finite_list(a: np.ndarray, decimals: int) -> list[Any]:
@@ -245,7 +227,7 @@ class WebView:
         self._recent_events: collections.deque[str] = collections.deque(maxlen=RECENT_EVENTS)
         self._table_requests = 0
         self._runner: web.AppRunner | None = None
-        self._warn = _RateLimitedLog()
+        self._warn = RateLimitedLog(log)
         self._url: str | None = None
 
     @property

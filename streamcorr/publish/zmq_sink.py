@@ -20,9 +20,10 @@ import zmq
 import zmq.asyncio
 
 from ..errors import ConfigError
+from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
-from .sinks import RateLimitedLog, SinkCounters
+from .sinks import SinkCounters
 from .snapshot import Snapshot
 
 __all__ = ["ZmqPublisher"]
