@@ -1,6 +1,6 @@
 """The README's picture: relations where Pearson's r is near zero and MI is not.
 
-    python -m bench.why_mi   ->  bench/results/why_mi.png
+python -m bench.why_mi   ->  bench/results/why_mi.png
 """
 
 from __future__ import annotations
