@@ -48,6 +48,7 @@ import numpy as np
 
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.errors import StreamcorrError
 from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.subscriber import Subscriber
@@ -228,13 +229,12 @@ async def run(
 
             readers = [asyncio.create_task(take_snapshots()), asyncio.create_task(take_events())]
             site = Site(np.random.default_rng(seed), fail_at_s)
-            await _publish(host, port, site, site_name, seconds, speed, t0_s)
-            hops = -1
-            while hops != daemon.engine.counters.hops:  # the last messages may still be on their way in
-                hops = daemon.engine.counters.hops
-                await asyncio.sleep(0.5)
-                await daemon.engine.flush()
-            await asyncio.sleep(0.5)  # the last snapshot and events cross the broker
+            sent = await _publish(host, port, site, site_name, seconds, speed, t0_s)
+            deadline = time.monotonic() + 10
+            while src.counters.messages < sent and time.monotonic() < deadline:  # all through the broker ...
+                await asyncio.sleep(0.02)
+            await daemon.engine.flush()  # ... every window that is due evaluated ...
+            await asyncio.sleep(0.5)  # ... and the last snapshot and events back through the broker
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
@@ -304,9 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    result = asyncio.run(
-        run(args.host, args.port, args.site, args.seconds, fail_at, args.speed, args.seed, args.all_events)
-    )
+    try:
+        result = asyncio.run(
+            run(args.host, args.port, args.site, args.seconds, fail_at, args.speed, args.seed, args.all_events)
+        )
+    except (StreamcorrError, TimeoutError, OSError, aiomqtt.MqttError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"\nstrongest pairs of the latest snapshot ({result.snapshots} snapshots received):")
     for a, b, mi in result.top_pairs:
         print(f"  {a:>15} ~ {b:<15} {mi:5.2f} nats")

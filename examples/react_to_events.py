@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ import zmq.asyncio
 
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.errors import StreamcorrError
 from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.subscriber import Subscriber
 
@@ -155,8 +157,8 @@ def daemon_config(gateway: str, out_port: int) -> dict[str, Any]:
     }
 
 
-async def _gateway(pub: zmq.asyncio.Socket, spindle: Spindle, seconds: float, speed: float, t0_s: float) -> None:
-    """Publish one msgpack chunk per second of machine time, paced at `speed` x real time."""
+async def _gateway(pub: zmq.asyncio.Socket, spindle: Spindle, seconds: float, speed: float, t0_s: float) -> int:
+    """Publish one msgpack chunk per second of machine time, paced at `speed` x real time; returns messages sent."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     per = int(RATE_HZ)  # samples per message
@@ -165,11 +167,12 @@ async def _gateway(pub: zmq.asyncio.Socket, spindle: Spindle, seconds: float, sp
         chunk = {
             "t0": t0_s + PHASE_S + m,
             "dt": 1.0 / RATE_HZ,
-            "seq": m,
+            "seq": m,  # PUB/SUB loses messages silently under load: seq lets the daemon count them
             "channels": {k: v.tolist() for k, v in values.items()},
         }
         await pub.send_multipart([b"spindle", msgpack.packb(chunk)])
         await asyncio.sleep(max(0.0, start + (m + 1) / speed - loop.time()))
+    return int(seconds)
 
 
 async def run(phase_s: float, speed: float, seed: int, out_port: int) -> ReactResult:
@@ -205,8 +208,13 @@ async def run(phase_s: float, speed: float, seed: int, out_port: int) -> ReactRe
                     watcher.react(ev)
 
             watching = asyncio.create_task(watch())
-            await _gateway(pub, Spindle(np.random.default_rng(seed), damage_s, repair_s), 3 * phase_s, speed, t0_s)
-            await daemon.engine.flush()
+            spindle = Spindle(np.random.default_rng(seed), damage_s, repair_s)
+            sent = await _gateway(pub, spindle, 3 * phase_s, speed, t0_s)
+            c = src.counters
+            deadline = time.monotonic() + 5
+            while c.messages + c.seq_gaps < sent and time.monotonic() < deadline:  # all in (or counted lost) ...
+                await asyncio.sleep(0.02)
+            await daemon.engine.flush()  # ... and every window that is due evaluated
             await asyncio.sleep(0.3)  # the last events cross the daemon's PUB socket
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -217,8 +225,8 @@ async def run(phase_s: float, speed: float, seed: int, out_port: int) -> ReactRe
         pub.close(linger=0)
     c, ec = src.counters, daemon.engine.counters
     print(
-        f"daemon: {c.messages} messages, {c.samples_accepted} samples accepted, {c.seq_gaps} lost before the "
-        f"subscription was up; {ec.hops} windows evaluated "
+        f"daemon: {c.messages} messages, {c.samples_accepted} samples accepted, {c.seq_gaps} lost on the way; "
+        f"{ec.hops} windows evaluated "
         f"({ec.pairs_evaluated} pair estimates), {ec.hops_skipped} skipped while the engine was busy"
     )
     result = watcher.result
@@ -238,8 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     min_phase = 2 * WINDOW / RATE_HZ
     if not 0 < args.speed <= 1000 or args.phase < min_phase:
         parser.error(f"need 0 < --speed <= 1000 and --phase >= {min_phase:g} s (two windows)")
+    if args.pub_port:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", args.pub_port))
+            except OSError:
+                parser.error(f"--pub-port {args.pub_port} is in use; 0 picks a free port")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    result = asyncio.run(run(args.phase, args.speed, args.seed, args.pub_port))
+    try:
+        result = asyncio.run(run(args.phase, args.speed, args.seed, args.pub_port))
+    except (StreamcorrError, TimeoutError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     others = ", ".join(f"{e.kind} on {e.pair[0]} ~ {e.pair[1]}" for e in result.other_events) or "none"
     print(f"alerts on the watched pair: {len(result.alerts)}; events on other pairs: {others}")
     if result.ok:

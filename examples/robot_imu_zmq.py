@@ -21,7 +21,8 @@ The script runs a streamcorr ``Daemon`` in-process with a ZeroMQ PULL source and
 IMU frames to it as msgpack chunks (one message per 100 ms of robot time, with explicit timestamps), and reads
 the results back with a ``Subscriber`` on the daemon's output: it prints the change events as they arrive and,
 at the end, the strongest pairs of the latest snapshot. Robot time runs ``--speed`` times faster than the wall
-clock; sends are paced so that the engine keeps up and no window is overwritten before it is evaluated.
+clock. Sends are paced like a live sensor's, so that no window is overwritten in the engine's ring buffers before
+it is evaluated; when the engine is still busy with one window it moves on to the newest (the skips are counted).
 
 Run: ``python examples/robot_imu_zmq.py [--seconds 40] [--speed 5]``. Exit code 0 when the break was detected
 (a "became-independent" event between the tool's gyro and a rigidly mounted gyro after the break) and the
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ import zmq.asyncio
 
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.errors import StreamcorrError
 from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.subscriber import Subscriber
@@ -157,6 +160,18 @@ def daemon_config(in_port: int, out_port: int, last_port: int) -> dict[str, Any]
         },
         "http": {"enabled": False},
     }
+
+
+def port_in_use(port: int) -> bool:
+    """True if something on this machine already listens on 127.0.0.1:port (0: never)."""
+    if port == 0:
+        return False
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _fmt_event(ev: ChangeEvent, t0_s: float) -> str:
@@ -280,15 +295,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latest-port", type=int, default=0, help="late-joiner cache port (default: any free)")
     args = parser.parse_args(argv)
     break_at = args.seconds / 2 if args.break_at is None else args.break_at
-    if not 0 < args.speed <= 1000 or not 2 * WINDOW / RATE_HZ <= break_at <= args.seconds - WINDOW / RATE_HZ:
+    before_s = (WINDOW + 2 * HOP) / RATE_HZ  # a window of the coupled robot first
+    after_s = (WINDOW + 4 * HOP) / RATE_HZ  # the break must fill a window, then be confirmed
+    if not 0 < args.speed <= 1000 or not before_s <= break_at <= args.seconds - after_s:
         parser.error(
-            f"need 0 < --speed <= 1000, and --break-at at least {2 * WINDOW / RATE_HZ:g} s into the run and "
-            f"{WINDOW / RATE_HZ:g} s before its end (one window before and after)"
+            f"need 0 < --speed <= 1000, and --break-at at least {before_s:g} s into the run and {after_s:g} s "
+            f"before its end (a window before it, a window and a few evaluations after)"
         )
+    ports = (args.port, args.pub_port, args.latest_port)
+    busy = [p for p in ports if port_in_use(p)]
+    if busy or len({p for p in ports if p}) != len([p for p in ports if p]):
+        parser.error(f"ports must be free and distinct (in use: {busy}); 0 picks a free one")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    result = asyncio.run(
-        run(args.seconds, break_at, args.speed, args.seed, (args.port, args.pub_port, args.latest_port))
-    )
+    try:
+        result = asyncio.run(run(args.seconds, break_at, args.speed, args.seed, ports))
+    except (StreamcorrError, TimeoutError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"\nstrongest pairs of the latest snapshot ({result.snapshots} snapshots received):")
     for a, b, mi in result.top_pairs:
         print(f"  {a:>8} ~ {b:<8} {mi:5.2f} nats")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib.util
 import re
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -135,3 +136,15 @@ def test_examples_reject_bad_options_with_usage_errors(name, argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "need" in err or "--site must" in err
+
+
+def test_robot_imu_example_refuses_a_port_in_use(capsys):
+    """An explicit port that something already listens on is a usage error, before any model is loaded."""
+    np.random.default_rng(15)  # nothing random here; seeded by convention
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit) as exc:
+            _load("robot_imu_zmq").main(["--port", str(busy.getsockname()[1])])
+    assert exc.value.code == 2
+    assert "in use" in capsys.readouterr().err
