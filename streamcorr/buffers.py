@@ -8,8 +8,9 @@ Policy for each channel's timestamps (nanoseconds, int64):
   memory per channel is fixed at construction.
 
 Alignment onto a common clock (``Resampler``): at each tick the channel's value
-is its newest sample at or before the tick, if that sample is at most
-``max_staleness_ns`` old; otherwise the channel is invalid (NaN) at that tick.
+is its newest sample at or before the tick (a sample up to 1 us after the tick
+counts as on it: float seconds cannot stamp a tick exactly), if that sample is
+at most ``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there.
 """
 
 from __future__ import annotations
@@ -143,10 +144,11 @@ class RingBuffer:
             order = self._order()
             return self._t[order], self._v[order]
 
-    def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int) -> np.ndarray:
-        """Value at each tick (ascending int64 ns): newest sample at or before it, NaN if none or too old."""
+    def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0) -> np.ndarray:
+        """Value at each tick (ascending int64 ns): newest sample at or before it (or at most tolerance_ns after
+        it), NaN if none or too old."""
         t, v = self.contents()
-        idx = np.searchsorted(t, ticks_ns, side="right") - 1
+        idx = np.searchsorted(t, ticks_ns + tolerance_ns, side="right") - 1
         out = np.full(ticks_ns.shape, np.nan)
         ok = idx >= 0
         ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
@@ -164,6 +166,9 @@ class Resampler:
             raise InputError(f"max_staleness_s must be >= 0; got {max_staleness_s}")
         self.period_ns = round(1e9 / rate_hz)
         self.max_staleness_ns = round(max_staleness_s * 1e9)
+        # float64 Unix seconds resolve ~0.24 us: a sample stamped "on" a tick may land just after it, and would
+        # otherwise be held for the next tick (a duplicated row, which looks like dependence between channels)
+        self.tolerance_ns = min(1_000, self.period_ns // 4)
 
     def ticks(self, end_ns: int, n: int) -> np.ndarray:
         """The n clock ticks ending at the last tick at or before end_ns (ascending)."""
@@ -173,4 +178,4 @@ class Resampler:
     def window(self, buffers: list[RingBuffer], end_ns: int, n: int) -> np.ndarray:
         """(C, n) aligned values of each buffer over the n ticks ending at end_ns; NaN where invalid."""
         ticks = self.ticks(end_ns, n)
-        return np.stack([b.sample_and_hold(ticks, self.max_staleness_ns) for b in buffers])
+        return np.stack([b.sample_and_hold(ticks, self.max_staleness_ns, self.tolerance_ns) for b in buffers])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -208,6 +209,7 @@ class Daemon:
         self.started_wall = time.time()
         self.http_url: str | None = None
         self._stop = asyncio.Event()
+        self.failure: BaseException | None = None  # why a source stopped for good (bad endpoint, say)
         self._runner: web.AppRunner | None = None
         self._build_sources()
         self._build_sinks()
@@ -404,6 +406,8 @@ class Daemon:
         tasks.append(asyncio.create_task(self._fan_out("event", self.engine.events(), _pub_event)))
         tasks.append(asyncio.create_task(self._status_loop()))
         ingest = [asyncio.create_task(src.run(), name=f"source-{name}") for name, src in self.sources]
+        for (name, _), task in zip(self.sources, ingest, strict=True):
+            task.add_done_callback(functools.partial(self._source_done, name))
         log.info("running: %d source(s), %d sink(s)", len(self.sources), len(self.sinks))
         try:
             await self._stop.wait()
@@ -431,6 +435,17 @@ class Daemon:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             log.info("stopped")
+        if self.failure is not None:
+            raise self.failure
+
+    def _source_done(self, name: str, task: asyncio.Task[Any]) -> None:
+        # sources retry broker loss themselves; one that returns or raises cannot go on (a port in use, say)
+        if task.cancelled() or self._stop.is_set():
+            return
+        exc = task.exception()
+        log.error("source %s stopped: %s; shutting down", name, exc or "returned")
+        self.failure = exc or RuntimeError(f"source {name} stopped")
+        self._stop.set()
 
 
 async def _pub_snapshot(sink: _Sink, snap: Snapshot) -> None:

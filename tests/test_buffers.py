@@ -99,3 +99,16 @@ def test_ring_buffer_rejects_bad_shapes():
         RingBuffer(0)
     with pytest.raises(InputError, match="equal length"):
         RingBuffer(4).push_many(np.array([1, 2]), np.array([1.0]))
+
+
+def test_unix_timestamps_on_the_clock_grid_give_each_tick_its_own_sample():
+    """Float Unix seconds at exactly the clock rate are not shifted by a tick (no duplicated or skipped rows)."""
+    rng = np.random.default_rng(11)
+    rate = 100.0
+    t_s = 1.7e9 + np.arange(2000) / rate  # lands up to ~0.2 us either side of the ticks
+    values = rng.standard_normal(2000)
+    buf = RingBuffer(4096)
+    buf.push_many(np.round(t_s * 1e9).astype(np.int64), values)
+    res = Resampler(rate, max_staleness_s=0.005)
+    window = res.window([buf], int(round(t_s[-1] * 1e9)), 1024)[0]
+    assert np.array_equal(window, values[-1024:])

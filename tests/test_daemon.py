@@ -15,12 +15,14 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import pytest
 import yaml
 import zmq
 
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon, engine_config
 from streamcorr.engine import Engine
+from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port
 
@@ -327,3 +329,21 @@ def _clear_retained(host: str, port: int, prefix: str) -> None:
         subprocess.run(
             ["mosquitto_pub", "-h", host, "-p", str(port), "-t", f"{prefix}/{stream}", "-r", "-n"], check=False
         )
+
+
+def test_a_source_that_cannot_start_stops_the_daemon_with_its_error():
+    """A ZeroMQ source whose port is taken is not left failing silently: run() logs it, shuts down, and raises."""
+    ctx = zmq.Context.instance()
+    taken = ctx.socket(zmq.PULL)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        source = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "mode": "pull", "bind": True}
+        cfg = parse_config(_config(source, {}))
+
+        async def main() -> None:
+            await asyncio.wait_for(Daemon(cfg).run(install_signals=False), timeout=60)
+
+        with pytest.raises(ConfigError):
+            asyncio.run(main())
+    finally:
+        taken.close(linger=0)

@@ -203,7 +203,7 @@ class Subscriber:
             if msg.seq == last or (replay and msg.seq < last):
                 self.counters.duplicates += 1
                 return
-            if msg.seq > last + 1:
+            if msg.seq > last + 1 and stream != "status":  # the MQTT sink reserves status seqs for its last will
                 self.counters.gaps[stream] += msg.seq - last - 1
                 self._warn.warning(f"gap:{stream}", "missed %d %s message(s): seq %d -> %d",
                                    msg.seq - last - 1, stream, last, msg.seq)  # fmt: skip
