@@ -307,7 +307,7 @@ async def run_live_demo(
         await asyncio.gather(snaps(), events())
 
     async with engine:
-        shower = asyncio.create_task(view.run(engine.snapshots(timeout_s=5.0), engine.events(timeout_s=5.0), stats))
+        shower = asyncio.create_task(view.run(engine.snapshots(), engine.events(), stats))
         mirrored = asyncio.create_task(mirror())
         await asyncio.sleep(0)
         try:
