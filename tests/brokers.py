@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import os
 import shutil
@@ -9,6 +11,7 @@ import socket
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,3 +285,18 @@ def small_engine(**config: Any) -> Any:
         _ESTIMATOR.append(Estimator())
     cfg = EngineConfig(**({"window_len": 64, "hop_samples": 32, "rate_hz": 10, "false_alarm_rate": 0.05} | config))
     return Engine(cfg, estimator=_ESTIMATOR[0])
+
+
+async def until(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    assert not task.done(), "run() returned or raised while it should be running"
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

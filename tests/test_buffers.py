@@ -110,5 +110,5 @@ def test_unix_timestamps_on_the_clock_grid_give_each_tick_its_own_sample():
     buf = RingBuffer(4096)
     buf.push_many(np.round(t_s * 1e9).astype(np.int64), values)
     res = Resampler(rate, max_staleness_s=0.005)
-    window = res.window([buf], int(round(t_s[-1] * 1e9)), 1024)[0]
+    window = res.window([buf], round(t_s[-1] * 1e9), 1024)[0]
     assert np.array_equal(window, values[-1024:])

@@ -97,6 +97,14 @@ async def _drain(sub: Subscriber, snaps: list[Any], events: list[Any], quiet_s: 
     await asyncio.gather(take_snaps(), take_events())
 
 
+def _assert_ledger_and_same(
+    daemon: Daemon, received: list[Any], events: list[Any], ref_snaps: dict[int, Any], ref_events: list[Any]
+) -> None:
+    c = daemon.sources[0][1].counters
+    assert c.messages == 60 and c.dropped == 0 and c.samples_accepted == 3 * 600
+    _assert_same(received, events, ref_snaps, ref_events)
+
+
 def _assert_same(received: list[Any], events: list[Any], ref_snaps: dict[int, Any], ref_events: list[Any]) -> None:
     assert len(received) >= 5
     for s in received:
@@ -146,9 +154,7 @@ def test_mqtt_end_to_end_with_mosquitto_pub(mqtt_broker):
         return received, events, daemon
 
     received, events, daemon = asyncio.run(main())
-    c = daemon.sources[0][1].counters
-    assert c.messages == 60 and c.dropped == 0 and c.samples_accepted == 3 * 600
-    _assert_same(received, events, ref_snaps, ref_events)
+    _assert_ledger_and_same(daemon, received, events, ref_snaps, ref_events)
 
 
 def test_zmq_end_to_end_with_pyzmq_push():
@@ -188,9 +194,7 @@ def test_zmq_end_to_end_with_pyzmq_push():
         return received, events, daemon
 
     received, events, daemon = asyncio.run(main())
-    c = daemon.sources[0][1].counters
-    assert c.messages == 60 and c.dropped == 0 and c.samples_accepted == 3 * 600
-    _assert_same(received, events, ref_snaps, ref_events)
+    _assert_ledger_and_same(daemon, received, events, ref_snaps, ref_events)
 
 
 def test_broker_restart_daemon_reconnects_and_counts_the_gap(tmp_path):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import uuid
-from collections.abc import Callable
 
 import aiomqtt
 import numpy as np
@@ -23,25 +21,12 @@ from tests.brokers import (
     free_port,
     hostile_corpus,
     small_engine,
+    stop,
+    until,
     vm_rss_bytes,
 )
 
 RSS_BOUND_BYTES = 64 << 20  # growth allowed while 10k hostile messages pass (steady state is far below)
-
-
-async def until(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    assert not task.done(), "run() returned or raised while it should be running"
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 class ListSink:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -18,24 +17,9 @@ import zmq.asyncio
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.payload import PayloadDecoder
 from streamcorr.ingest.zmq import ZmqSource
-from tests.brokers import HOSTILE_CHANNELS, HOSTILE_DECODER, hostile_corpus, small_engine, vm_rss_bytes
+from tests.brokers import HOSTILE_CHANNELS, HOSTILE_DECODER, hostile_corpus, small_engine, stop, until, vm_rss_bytes
 
 RSS_BOUND_BYTES = 64 << 20  # growth allowed while 10k hostile messages pass (steady state is far below)
-
-
-async def until(pred: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def stop(task: asyncio.Task[None]) -> None:
-    assert not task.done(), "run() returned or raised while it should be running"
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 def collect() -> tuple[list[tuple[str, float, float]], Callable[[str, np.ndarray, np.ndarray], int]]:
