@@ -295,7 +295,14 @@ async def run_live_demo(
             async for snap in engine.snapshots():
                 if web is not None:
                     web.publish_snapshot(snap)
-                    web.publish_stats({k: v for k, v in stats().items() if k != "pearson"})
+                    st = stats()
+                    web.publish_stats(
+                        {
+                            "pairs_per_s": round(st["pairs_per_s"]),
+                            "samples_per_s": round(st["samples_per_s"]),
+                            "dropped": sum(st["drops"].values()),
+                        }
+                    )
 
         async def events() -> None:
             async for ev in engine.events():
