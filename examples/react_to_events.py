@@ -45,8 +45,8 @@ from streamcorr.publish.subscriber import Subscriber
 
 RATE_HZ = 10.0
 # The gateway's clock is not locked to the engine's 10 Hz grid: each sample is taken a quarter period before a tick
-# and held for it. (Samples exactly on the ticks would be fragile: float64 Unix seconds resolve only ~0.24 us, so
-# some would land just after their tick and be held over to the next one, repeating rows of the aligned window.)
+# and held for it, as with a real free-running sensor. (Samples stamped exactly on the ticks work too: the engine
+# counts a sample up to 1 us after a tick as on it, since float64 Unix seconds resolve only ~0.24 us.)
 PHASE_S = -0.25 / RATE_HZ
 WINDOW = 128  # samples: 12.8 s of machine time
 HOP = 10  # samples: one evaluation per second of machine time

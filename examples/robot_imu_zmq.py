@@ -61,8 +61,8 @@ CHANNELS = tuple(f"{imu}.{axis}" for imu in IMUS for axis in AXES)
 RADIUS_M = {"body": 0.0, "arm": 0.5, "tool": 0.8}  # distance from the yaw axis
 G = 9.81
 # The IMU hub's clock is not locked to the engine's 100 Hz grid: each sample is taken a quarter period before a tick
-# and held for it. (Samples exactly on the ticks would be fragile: float64 Unix seconds resolve only ~0.24 us, so
-# some would land just after their tick and be held over to the next one, repeating rows of the aligned window.)
+# and held for it, as with a real free-running sensor. (Samples stamped exactly on the ticks work too: the engine
+# counts a sample up to 1 us after a tick as on it, since float64 Unix seconds resolve only ~0.24 us.)
 PHASE_S = -0.25 / RATE_HZ
 WINDOW = 512  # samples: 5.12 s of robot time
 HOP = 100  # samples: one evaluation per second of robot time
