@@ -144,7 +144,8 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise StreamcorrError("writing the PNG needs matplotlib: pip install matplotlib (or pass --no-png)") from None
+        msg = 'the heatmap PNG needs matplotlib: pip install "streamcorr[plot]" (or pass --no-png)'
+        raise StreamcorrError(msg) from None
     n = len(names)
     fig, ax = plt.subplots(figsize=(2 + 0.45 * n, 1.5 + 0.4 * n))
     im = ax.imshow(np.ma.masked_invalid(mi), cmap="magma", vmin=0)
