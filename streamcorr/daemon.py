@@ -15,12 +15,12 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .config import Config, MqttConnection, Payload
@@ -28,6 +28,7 @@ from .engine import Engine, EngineConfig
 from .estimator import Estimator
 from .ingest.mqtt import MqttSettings, MqttTls
 from .publish.changes import ChangeEvent
+from .publish.sinks import forward
 from .publish.snapshot import Snapshot
 from .scheduler import PairSelection
 
@@ -36,12 +37,6 @@ log = logging.getLogger("streamcorr.daemon")
 __all__ = ["Daemon", "engine_config", "setup_logging"]
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class _Sink(Protocol):
-    async def publish_snapshot(self, snap: Snapshot) -> None: ...
-    async def publish_event(self, ev: ChangeEvent) -> None: ...
-    async def publish_status(self, state: str, counters: dict[str, float]) -> None: ...
 
 
 def engine_config(cfg: Config) -> EngineConfig:
@@ -78,32 +73,15 @@ def engine_config(cfg: Config) -> EngineConfig:
 
 
 def mqtt_settings(c: MqttConnection) -> MqttSettings:
-    tls = MqttTls(c.tls.ca_file, c.tls.cert_file, c.tls.key_file, c.tls.insecure) if c.tls else None
-    return MqttSettings(
-        host=c.host,
-        port=c.port,
-        client_id=c.client_id,
-        username=c.username,
-        password=c.password,
-        tls=tls,
-        keepalive_s=c.keepalive_s,
-        qos=c.qos,
-        reconnect_min_s=c.reconnect_min_s,
-        reconnect_max_s=c.reconnect_max_s,
-    )
+    """The connection keys of an MQTT source or output (the schema uses MqttSettings' names)."""
+    tls = MqttTls(**c.tls.model_dump()) if c.tls else None
+    return MqttSettings(**c.model_dump(include=set(MqttConnection.model_fields) - {"tls"}), tls=tls)
 
 
 def _decoder(p: Payload) -> Any:
     from .ingest.payload import PayloadDecoder
 
-    return PayloadDecoder(
-        format=p.format,
-        channel_template=p.channel_template,
-        time_field=p.time_field,
-        time_unit=p.time_unit,
-        max_payload_bytes=p.max_payload_bytes,
-        max_samples_per_message=p.max_samples_per_message,
-    )
+    return PayloadDecoder(**p.model_dump(include=set(Payload.model_fields)))
 
 
 class _JsonFormatter(logging.Formatter):
@@ -147,7 +125,7 @@ class _Metrics(Collector):
             msgs.add_metric([name], c.messages)
             for reason, n in {**c.drops, "queue_full": c.queue_full}.items():
                 drops.add_metric([f"decode:{name}", reason], n)
-            connected.add_metric([name], float(getattr(src, "connected", True)))
+            connected.add_metric([name], float(src.connected))
         for reason, n in d.engine_drops().items():
             drops.add_metric(["engine", reason], n)
         yield from (ingested, drops, msgs, connected)
@@ -162,37 +140,33 @@ class _Metrics(Collector):
         for name, n in d.queue_depths().items():
             depth.add_metric([name], n)
         yield depth
-        lat = HistogramMetricFamily("streamcorr_hop_seconds", "Compute time of one hop (align, ranks, model, publish)")
-        lat.add_metric([], d.hop_hist.buckets(), d.hop_hist.total)
-        yield lat
-        yield GaugeMetricFamily(
-            "streamcorr_publish_lag_seconds", "Wall time from hop end to publish", value=d.publish_lag_s
-        )
         stages = CounterMetricFamily("streamcorr_stage_seconds", "Time spent per engine stage", labels=["stage"])
         for stage, s in ec.stage_s.items():
             stages.add_metric([stage], s)
         yield stages
 
 
-class _Histogram:
-    """Cumulative bucket counts for the hop-latency histogram (read by the collector)."""
+class _LocalOutputs:
+    """The daemon's own consumers of the engine's output, fed by `forward` like any sink: the hop-latency
+    histogram, the publish-lag gauge and the optional web view."""
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
 
-    def observe(self, v: float) -> None:
-        k = next((i for i, b in enumerate(self.bounds) if v <= b), len(self.bounds))
-        self.counts[k] += 1
-        self.total += v
+    async def publish_snapshot(self, snap: Snapshot) -> None:
+        d = self.d
+        d.hop_seconds.observe(d.engine.counters.last_hop_s)
+        d.publish_lag_s = max(0.0, time.time() - snap.wall_ns / 1e9)  # after every sink above has it
+        if d.web is not None:
+            d.web.publish_snapshot(snap)
 
-    def buckets(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
-        for b, n in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=True):
-            acc += n
-            out.append((b, float(acc)))
-        return out
+    async def publish_event(self, ev: ChangeEvent) -> None:
+        if self.d.web is not None:
+            self.d.web.publish_event(ev)
+
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
+        if self.d.web is not None:
+            self.d.web.publish_stats(dict(counters))
 
 
 class Daemon:
@@ -204,8 +178,17 @@ class Daemon:
         self.sources: list[tuple[str, Any]] = []
         self.sinks: list[Any] = []
         self.web: Any = None
-        self.hop_hist = _Histogram(_LATENCY_BUCKETS_S)
+        self.registry = CollectorRegistry()
+        self.registry.register(_Metrics(self))
+        self.hop_seconds = Histogram(
+            "streamcorr_hop_seconds", "Compute time of one hop (align, ranks, model, publish)",
+            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
+        )  # fmt: skip
         self.publish_lag_s = 0.0
+        Gauge(
+            "streamcorr_publish_lag_seconds", "Wall time from a snapshot to every sink having it",
+            registry=self.registry,
+        ).set_function(lambda: self.publish_lag_s)  # fmt: skip
         self.started_wall = time.time()
         self.http_url: str | None = None
         self._stop = asyncio.Event()
@@ -292,9 +275,11 @@ class Daemon:
         for k, q in enumerate(self.engine._event_queues):
             depths[f"engine_events_{k}"] = q.qsize()
         for name, src in self.sources:
-            depth = getattr(src, "queue_depth", None)
-            if depth is not None:
-                depths[name] = int(depth() if callable(depth) else depth)
+            if hasattr(src, "queue_depth"):  # MQTT; ZeroMQ's queue lives inside libzmq
+                depths[name] = src.queue_depth
+        for sink in self.sinks:
+            if hasattr(sink, "pending"):  # the MQTT outbox
+                depths[f"sink_{type(sink).__name__}"] = sink.pending
         return depths
 
     def status(self) -> dict[str, float]:
@@ -312,9 +297,8 @@ class Daemon:
             out[f"{name}.messages"] = c.messages
             out[f"{name}.samples_handed"] = c.samples_handed
             out[f"{name}.dropped"] = c.dropped + c.queue_full
-            for attr in ("connects", "disconnects"):
-                if hasattr(c, attr):
-                    out[f"{name}.{attr}"] = getattr(c, attr)
+            out[f"{name}.connects"] = c.connects
+            out[f"{name}.disconnects"] = c.disconnects
         for reason, n in self.engine_drops().items():
             out[f"engine.dropped.{reason}"] = n
         return out
@@ -324,7 +308,7 @@ class Daemon:
         latest = self.engine.latest
         body = {
             "engine_running": engine_ok,
-            "sources_connected": {n: bool(getattr(s, "connected", True)) for n, s in self.sources},
+            "sources_connected": {n: bool(s.connected) for n, s in self.sources},
             "last_snapshot_seq": latest.seq if latest else None,
             "last_snapshot_age_s": round(time.time() - latest.wall_ns / 1e9, 3) if latest else None,
         }
@@ -335,11 +319,9 @@ class Daemon:
         h = self.cfg.http
         if not h.enabled:
             return
-        registry = CollectorRegistry()
-        registry.register(_Metrics(self))
 
         async def metrics(_req: web.Request) -> web.Response:
-            body = generate_latest(registry)
+            body = generate_latest(self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         async def health(_req: web.Request) -> web.Response:
@@ -360,29 +342,6 @@ class Daemon:
         log.info("http listening on %s (/metrics, /healthz%s)", self.http_url, ", / live view" if self.web else "")
 
     # -- main loop ----------------------------------------------------------------------------------
-    async def _fan_out(self, what: str, it: Any, publish: Callable[[Any, Any], Awaitable[None]]) -> None:
-        async for item in it:
-            if what == "snapshot":
-                self.hop_hist.observe(self.engine.counters.last_hop_s)
-                self.publish_lag_s = max(0.0, time.time() - item.wall_ns / 1e9)
-            for sink in self.sinks:
-                try:
-                    await publish(sink, item)
-                except Exception:  # one failing sink must not stop the others
-                    log.exception("sink %s failed to publish a %s", type(sink).__name__, what)
-            if self.web is not None:
-                (self.web.publish_snapshot if what == "snapshot" else self.web.publish_event)(item)
-
-    async def _status_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.outputs.status_interval_s)
-            status = self.status()
-            for sink in self.sinks:
-                with contextlib.suppress(Exception):
-                    await sink.publish_status("online", status)
-            if self.web is not None:
-                self.web.publish_stats(status)
-
     def stop(self) -> None:
         """Ask a running daemon to shut down gracefully (safe from a signal handler)."""
         self._stop.set()
@@ -393,18 +352,21 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         await self._start_http()
-        tasks: list[asyncio.Task[Any]] = []
+        sink_tasks = []
         for sink in self.sinks:
             if hasattr(sink, "start"):  # ZeroMQ: binds now; MQTT: run() holds the connection
                 await sink.start()
             else:
-                tasks.append(asyncio.create_task(sink.run(), name=f"sink-{type(sink).__name__}"))
+                sink_tasks.append(asyncio.create_task(sink.run(), name=f"sink-{type(sink).__name__}"))
         if self.web is not None and self._runner is None:
             await self.web.start()
         await self.engine.start()
-        tasks.append(asyncio.create_task(self._fan_out("snapshot", self.engine.snapshots(), _pub_snapshot)))
-        tasks.append(asyncio.create_task(self._fan_out("event", self.engine.events(), _pub_event)))
-        tasks.append(asyncio.create_task(self._status_loop()))
+        forwarder = asyncio.create_task(
+            forward(
+                self.engine, *self.sinks, _LocalOutputs(self),
+                status_interval_s=self.cfg.outputs.status_interval_s, status=self.status,
+            )
+        )  # fmt: skip
         ingest = [asyncio.create_task(src.run(), name=f"source-{name}") for name, src in self.sources]
         for (name, _), task in zip(self.sources, ingest, strict=True):
             task.add_done_callback(functools.partial(self._source_done, name))
@@ -416,8 +378,8 @@ class Daemon:
             await _cancel(ingest)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.engine.flush(), timeout=30)
-            await asyncio.sleep(0.05)  # let the fan-out tasks hand the last snapshot to the sinks
-            await _cancel(tasks[-3:])
+            await asyncio.sleep(0.05)  # let the forwarder hand the last snapshot to the sinks
+            await _cancel([forwarder])
             await self.engine.stop()
             for sink in self.sinks:  # the last snapshot again, then "offline" (retained on MQTT)
                 try:
@@ -426,7 +388,7 @@ class Daemon:
                     await (sink.stop() if hasattr(sink, "stop") else sink.close())
                 except Exception:
                     log.exception("sink %s failed to close cleanly", type(sink).__name__)
-            await _cancel(tasks[:-3])
+            await _cancel(sink_tasks)
             if self.web is not None and self._runner is None:
                 await self.web.stop()
             if self._runner is not None:
@@ -446,14 +408,6 @@ class Daemon:
         log.error("source %s stopped: %s; shutting down", name, exc or "returned")
         self.failure = exc or RuntimeError(f"source {name} stopped")
         self._stop.set()
-
-
-async def _pub_snapshot(sink: _Sink, snap: Snapshot) -> None:
-    await sink.publish_snapshot(snap)
-
-
-async def _pub_event(sink: _Sink, ev: ChangeEvent) -> None:
-    await sink.publish_event(ev)
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:

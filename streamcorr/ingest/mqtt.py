@@ -154,6 +154,11 @@ class MqttSource:
         self._clock = ArrivalClock()
         self._rate_log = RateLimitedLog(log)
 
+    @property
+    def queue_depth(self) -> int:
+        """Messages received and not yet decoded."""
+        return 0 if self._queue is None else self._queue.qsize()
+
     async def run(self) -> None:
         """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning."""
         s = self.settings

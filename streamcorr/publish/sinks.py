@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -102,11 +102,17 @@ def engine_counters(engine: Engine) -> dict[str, int | float]:
     return out
 
 
-async def forward(engine: Engine, *sinks: Sink, status_interval_s: float | None = 5.0) -> None:
-    """Publish every snapshot and event of ``engine`` to each sink, and an "online" status with the engine's
-    counters every ``status_interval_s``, until cancelled. A sink that raises on one message (say, a
-    snapshot it cannot encode) is logged and skipped for that message; forwarding goes on."""
+async def forward(
+    engine: Engine,
+    *sinks: Sink,
+    status_interval_s: float | None = 5.0,
+    status: Callable[[], Mapping[str, float | int]] | None = None,
+) -> None:
+    """Publish every snapshot and event of ``engine`` to each sink, and an "online" status every
+    ``status_interval_s`` (``status()``, by default the engine's counters), until cancelled. A sink that raises
+    on one message (say, a snapshot it cannot encode) is logged and skipped for that message; forwarding goes on."""
     warn = RateLimitedLog(log)
+    status = status or (lambda: engine_counters(engine))
 
     async def publish(kind: str, item: Any) -> None:
         for sink in sinks:
@@ -119,6 +125,9 @@ async def forward(engine: Engine, *sinks: Sink, status_interval_s: float | None 
                     await sink.publish_status("online", item)
             except StreamcorrError as exc:
                 warn.warning(f"{kind}:{id(sink)}", "%s refused a %s: %s", type(sink).__name__, kind, exc)
+            except Exception:  # a bug in one sink must not stop the others
+                warn(logging.ERROR, f"bug:{kind}:{id(sink)}", "%s failed on a %s", type(sink).__name__, kind,
+                     exc_info=True)  # fmt: skip
 
     async def snapshots() -> None:
         async for snap in engine.snapshots():
@@ -132,7 +141,7 @@ async def forward(engine: Engine, *sinks: Sink, status_interval_s: float | None 
         assert status_interval_s is not None
         while True:
             await asyncio.sleep(status_interval_s)
-            await publish("status", engine_counters(engine))
+            await publish("status", status())
 
     tasks = [asyncio.create_task(snapshots()), asyncio.create_task(events())]
     if status_interval_s is not None:
