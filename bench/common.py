@@ -84,3 +84,11 @@ def write_results(name: str, data: dict[str, Any], markdown: str) -> None:
     )
     (RESULTS / f"{name}.md").write_text(markdown + footer)
     print(markdown + footer)
+
+
+def rss_mb() -> float:
+    """Resident memory of this process in MB (Linux /proc), NaN where unavailable."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")

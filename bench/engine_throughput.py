@@ -17,20 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from pathlib import Path
 
 import numpy as np
 
 from streamcorr.engine import Engine, EngineConfig
 
-from .common import environment, write_results
-
-
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from .common import environment, rss_mb, write_results
 
 
 def _state_mb(eng: Engine) -> float:
@@ -93,7 +85,7 @@ async def _live(n_ch: int, window: int, duration_s: float, chunk_ms: float, rate
         # the first window needs window/rate seconds of data before any hop can run
         "pairs_refreshed_per_s_after_first_window": c.pairs_evaluated / (duration_s - window / rate),
         "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
-        "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": _rss_mb(),
+        "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": rss_mb(),
     }  # fmt: skip
 
 
@@ -119,7 +111,7 @@ def scaling(args: argparse.Namespace) -> None:
     rows = []
     sizes = [(16, 256), (64, 1024)] if args.quick else [(c, w) for c in (16, 64, 256) for w in (256, 1024, 4096)]
     for n_ch, window in sizes:
-        rss0 = _rss_mb()
+        rss0 = rss_mb()
         names = [f"ch{k:03d}" for k in range(n_ch)]
         eng = Engine(EngineConfig(channels=names, rate_hz=100.0, window_len=window, hop_samples=100))
         data = _signals(n_ch, window + 300, np.random.default_rng(1))
@@ -137,7 +129,7 @@ def scaling(args: argparse.Namespace) -> None:
         n_pairs = n_ch * (n_ch - 1) // 2
         rows.append({"channels": n_ch, "window_len": window, "pairs": n_pairs, "hop_s": float(np.median(times)),
                      "pairs_per_s": n_pairs / float(np.median(times)), "state_mb": _state_mb(eng),
-                     "rss_grown_mb": _rss_mb() - rss0})  # fmt: skip
+                     "rss_grown_mb": rss_mb() - rss0})  # fmt: skip
         print(rows[-1], flush=True)
         del eng
     md = [

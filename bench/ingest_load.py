@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import environment, write_results
+from .common import environment, rss_mb, write_results
 
 ZMQ_CHANNELS, ZMQ_SAMPLES_PER_MSG, ZMQ_MSG_RATE = 64, 100, 20.0
 MQTT_DEVICES, MQTT_KEYS, MQTT_MSG_RATE = 8, ("ax", "ay", "az"), 5200.0
@@ -48,13 +48,6 @@ TAIL_WAIT_S = 60.0  # longest the publisher waits for the consumer to drain befo
 def _cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -195,12 +188,12 @@ async def _drive(
         return sum(_proc_cpu_s(p) for p in brokers if Path(f"/proc/{p}").exists())
 
     trace: list[tuple[float, int, int, float, float]] = []  # (t, messages, accepted, own CPU s, broker CPU s)
-    rss: list[float] = [_rss_mb()]
+    rss: list[float] = [rss_mb()]
 
     async def sample() -> None:
         while True:
             trace.append((time.perf_counter(), c.messages, c.samples_accepted, _cpu_s(), broker_cpu_s()))
-            rss.append(_rss_mb())
+            rss.append(rss_mb())
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
