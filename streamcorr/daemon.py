@@ -126,7 +126,7 @@ class _Metrics(Collector):
             for reason, n in {**c.drops, "queue_full": c.queue_full}.items():
                 drops.add_metric([f"decode:{name}", reason], n)
             connected.add_metric([name], float(src.connected))
-        for reason, n in d.engine_drops().items():
+        for reason, n in d.engine.sample_drops().items():
             drops.add_metric(["engine", reason], n)
         yield from (ingested, drops, msgs, connected)
         ec = d.engine.counters
@@ -260,14 +260,6 @@ class Daemon:
             self.web = WebView(table_fn=self.engine.pair_table)
 
     # -- state for metrics and status ---------------------------------------------------------------
-    def engine_drops(self) -> dict[str, int]:
-        ec = self.engine.counters
-        out = {"unknown_channel": ec.unknown_channel, "bad_sample": ec.bad_sample}
-        for c in self.engine.channel_counters().values():
-            for reason in ("late", "duplicate", "nonfinite", "overwritten"):
-                out[reason] = out.get(reason, 0) + getattr(c, reason)
-        return out
-
     def queue_depths(self) -> dict[str, int]:
         depths = {}
         for k, q in enumerate(self.engine._snap_queues):
@@ -299,7 +291,7 @@ class Daemon:
             out[f"{name}.dropped"] = c.dropped + c.queue_full
             out[f"{name}.connects"] = c.connects
             out[f"{name}.disconnects"] = c.disconnects
-        for reason, n in self.engine_drops().items():
+        for reason, n in self.engine.sample_drops().items():
             out[f"engine.dropped.{reason}"] = n
         return out
 

@@ -176,6 +176,15 @@ class Engine:
         """Channel names in matrix order."""
         return list(self.state.channels)
 
+    def sample_drops(self) -> dict[str, int]:
+        """Samples refused so far, by reason, over all channels. (Samples that aged out of a full ring buffer
+        after use are not drops: see ``channel_counters()[name].overwritten``.)"""
+        per_channel = ("late", "duplicate", "nonfinite")
+        out = {"bad_sample": self.counters.bad_sample, "unknown_channel": self.counters.unknown_channel}
+        for reason in per_channel:
+            out[reason] = sum(getattr(cc, reason) for cc in self.channel_counters().values())
+        return out
+
     def channel_counters(self) -> dict[str, ChannelCounters]:
         """Per-channel sample counters (accepted, late, duplicate, nonfinite, overwritten), by channel name."""
         return {name: ch.buffer.counters for name, ch in list(self._channels.items())}

@@ -180,16 +180,7 @@ def check_script(
 
 def _drops(engine: Engine) -> dict[str, int]:
     c = engine.counters
-    drops = {
-        "bad_sample": c.bad_sample,
-        "unknown_channel": c.unknown_channel,
-        "snapshots": c.snapshots_dropped,
-        "events": c.events_dropped,
-    }
-    for bc in engine.channel_counters().values():
-        for key in ("late", "duplicate", "nonfinite"):
-            drops[key] = drops.get(key, 0) + int(getattr(bc, key))
-    return drops
+    return {**engine.sample_drops(), "snapshots": c.snapshots_dropped, "events": c.events_dropped}
 
 
 class _PearsonWindow:
