@@ -1,10 +1,26 @@
 """Rank (empirical copula) transform and linear-binned rank histograms.
 
-Tie policy: tied values get their mid-rank (the average of the ranks they
-span), so a strictly increasing map of a series leaves its ranks unchanged and
-quantised sensors give repeatable, order-free results. A window of length T
-maps rank r (0-based, possibly fractional for ties) to u = (r + 0.5) / T, which
-lies strictly inside (0, 1).
+Tie policy (``ties``), the same for ``rank_transform`` and ``SlidingRanks``:
+
+- ``"mid"``: tied values get their mid-rank (the average of the ranks they
+  span). A window of length T maps rank r (0-based, possibly fractional) to
+  u = (r + 0.5) / T, strictly inside (0, 1).
+- ``"jitter"``: the members of a tied group spanning ranks i..j get the ranks
+  i..j in a pseudo-random order, so every sample has its own rank and the
+  marginal is exactly uniform. This is the rank transform of Q + V, with V an
+  independent jitter smaller than the gap between levels: for a quantised
+  sensor Q(X), I(Q(X) + V; Y) = I(Q(X); Y), so the network sees a continuous
+  copula of the kind it is trained on, and the MI it should report is
+  unchanged. Mid-ranks have no such property (they stack mass on lines).
+  The order is deterministic: member at window position k (0 = oldest) gets
+  the key mix(k xor s), where mix is the splitmix64 finaliser (a bijection of
+  uint64, so keys within a group are distinct) and s is a digest of the
+  window's tie structure (each sample's position and tie-group start). So the
+  same window gives the same ranks, a strictly increasing map of the series
+  changes nothing, and two series with different tie structure get unrelated
+  orders (one shared order would itself be a dependence between x and y).
+
+Both policies agree on a series without ties.
 
 Histograms use linear binning on a grid of G nodes at positions g / (G - 1):
 each sample spreads unit mass over the four nodes around it, bilinearly. A sum
@@ -17,32 +33,90 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import numpy as np
 from numba import njit, prange
 
 from .errors import InputError
 
-__all__ = ["marginal_histograms", "pair_histograms", "rank_transform"]
+__all__ = [
+    "TIE_POLICIES",
+    "SlidingRanks",
+    "Ties",
+    "check_ties",
+    "marginal_histograms",
+    "pair_histograms",
+    "rank_transform",
+]
 
 
-@njit(cache=True, parallel=True, nogil=True)
-def _midranks(x: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """Mid-ranks in (0, 1) of each row of x, given each row's ascending argsort."""
-    rows, n = x.shape
-    out = np.empty(x.shape, dtype=np.float64)
-    for r in prange(rows):
-        xr, orr, outr = x[r], order[r], out[r]
+Ties = Literal["mid", "jitter"]
+TIE_POLICIES: tuple[str, ...] = ("mid", "jitter")
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix(z: np.uint64) -> np.uint64:
+    """splitmix64 finaliser: a bijection of uint64 with good avalanche."""
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, nogil=True)
+def _tie_ranks(sv: np.ndarray, pos: np.ndarray, out: np.ndarray, jitter: bool) -> None:
+    """Copula values of a window from its values sorted ascending (sv) and their time positions (pos).
+
+    Writes out[pos[k]] for every k; ties resolved by mid-rank or by the deterministic jitter.
+    """
+    n = sv.shape[0]
+    seed = np.uint64(0)
+    if jitter:  # digest of the tie structure: (group start, position) of every sample
         i = 0
         while i < n:
             j = i
-            xi = xr[orr[i]]
-            while j + 1 < n and xr[orr[j + 1]] == xi:
+            while j + 1 < n and sv[j + 1] == sv[i]:
                 j += 1
+            if j > i:
+                for k in range(i, j + 1):
+                    seed += _mix((np.uint64(i) << _S32) ^ np.uint64(pos[k]) ^ np.uint64(j - i))
+            i = j + 1
+    i = 0
+    while i < n:
+        j = i
+        while j + 1 < n and sv[j + 1] == sv[i]:
+            j += 1
+        if j == i:
+            out[pos[i]] = (i + 0.5) / n
+        elif not jitter:
             u = (0.5 * (i + j) + 0.5) / n  # mid-rank of the tie group, mapped into (0, 1)
             for k in range(i, j + 1):
-                outr[orr[k]] = u
-            i = j + 1
+                out[pos[k]] = u
+        else:
+            keys = np.empty(j - i + 1, dtype=np.uint64)
+            for k in range(i, j + 1):
+                keys[k - i] = _mix(np.uint64(pos[k]) ^ seed)
+            order = np.argsort(keys)
+            for q in range(j - i + 1):
+                out[pos[i + order[q]]] = (i + q + 0.5) / n
+        i = j + 1
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _ranks(x: np.ndarray, order: np.ndarray, jitter: bool) -> np.ndarray:
+    """Copula values in (0, 1) of each row of x, given each row's ascending argsort."""
+    rows, n = x.shape
+    out = np.empty(x.shape, dtype=np.float64)
+    for r in prange(rows):
+        orr = order[r]
+        sv = np.empty(n, dtype=np.float64)
+        for k in range(n):
+            sv[k] = x[r, orr[k]]
+        _tie_ranks(sv, orr, out[r], jitter)
     return out
 
 
@@ -121,19 +195,29 @@ def _argsort_rows(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def rank_transform(x: object) -> np.ndarray:
-    """Map each row of ``x`` (shape (T,) or (N, T)) to mid-ranks in (0, 1).
+def check_ties(ties: str) -> None:
+    if ties not in TIE_POLICIES:
+        raise InputError(f"ties must be 'mid' or 'jitter'; got {ties!r}")
+
+
+def rank_transform(x: object, ties: Ties = "mid") -> np.ndarray:
+    """Map each row of ``x`` (shape (T,) or (N, T)) to copula values in (0, 1).
+
+    ``ties`` is the tie policy of the module docstring: "mid" or "jitter".
 
     >>> rank_transform([3.0, 1.0, 2.0, 2.0])
     array([[0.875, 0.125, 0.5  , 0.5  ]])
+    >>> rank_transform([3.0, 1.0, 2.0, 2.0], ties="jitter").tolist()  # the two 2.0s take ranks 1 and 2
+    [[0.875, 0.125, 0.625, 0.375]]
     """
+    check_ties(ties)
     arr = _as_2d_float(x, "x")
     if arr.shape[1] == 0:
         raise InputError("x has no samples; pass at least one value per row")
     if not np.isfinite(arr).all():
         raise InputError("x contains NaN or inf; drop or fill non-finite samples before ranking")
     # numpy's vectorised sort beats Numba's argsort several-fold; Numba then resolves ties
-    return _midranks(arr, _argsort_rows(arr))
+    return _ranks(arr, _argsort_rows(arr), ties == "jitter")
 
 
 def _check_unit(u: np.ndarray, name: str) -> None:
@@ -186,8 +270,10 @@ def marginal_histograms(u: np.ndarray, grid: int) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _slide(vals: np.ndarray, ids: np.ndarray, n_filled: int, new: np.ndarray, first_new: int, n_win: int) -> np.ndarray:
-    """Advance every channel's sorted window by the columns of new (C, h); return mid-ranks (C, n) in time order."""
+def _slide(
+    vals: np.ndarray, ids: np.ndarray, n_filled: int, new: np.ndarray, first_new: int, n_win: int, jitter: bool
+) -> np.ndarray:
+    """Advance every channel's sorted window by the columns of new (C, h); return copula values (C, n) in time order."""
     c_count, h = new.shape
     end = first_new + h
     cutoff = end - n_win
@@ -217,25 +303,20 @@ def _slide(vals: np.ndarray, ids: np.ndarray, n_filled: int, new: np.ndarray, fi
                 ids[c, m] = first_new + order[b]
                 b += 1
             m += 1
-        i = 0
-        while i < m:  # mid-ranks of tie groups, scattered back to time order
-            j = i
-            while j + 1 < m and vals[c, j + 1] == vals[c, i]:
-                j += 1
-            u = (0.5 * (i + j) + 0.5) / m
-            for q in range(i, j + 1):
-                out[c, ids[c, q] - first] = u
-            i = j + 1
+        pos = np.empty(m, dtype=np.int64)
+        for q in range(m):
+            pos[q] = ids[c, q] - first  # position in the window, 0 = oldest
+        _tie_ranks(vals[c, :m], pos, out[c], jitter)
     return out
 
 
 class SlidingRanks:
-    """Mid-ranks of the last ``window_len`` samples of many channels, updated per hop.
+    """Copula values of the last ``window_len`` samples of many channels, updated per hop.
 
     Channels advance in lockstep (one aligned column per tick). Each update keeps
     every channel's window sorted by merging the h new samples into it, which
     costs O(window_len + h log h) instead of a full O(window_len log window_len)
-    re-sort. Results equal ``rank_transform`` of the current window exactly.
+    re-sort. Results equal ``rank_transform(window, ties)`` of the current window exactly.
 
     >>> sr = SlidingRanks(n_channels=1, window_len=3)
     >>> sr.update(np.array([[5.0, 1.0]])).tolist()
@@ -244,7 +325,9 @@ class SlidingRanks:
     [[0.16666666666666666, 0.6666666666666666, 0.6666666666666666]]
     """
 
-    def __init__(self, n_channels: int, window_len: int) -> None:
+    def __init__(self, n_channels: int, window_len: int, ties: Ties = "mid") -> None:
+        check_ties(ties)
+        self.ties = ties
         if n_channels < 1 or window_len < 1:
             raise InputError(f"n_channels and window_len must be >= 1; got {n_channels} and {window_len}")
         self.window_len = window_len
@@ -264,7 +347,7 @@ class SlidingRanks:
             self._next_id += new.shape[1] - self.window_len
             new = new[:, -self.window_len :]
             self._filled = 0
-        out = _slide(self._vals, self._ids, self._filled, new, self._next_id, self.window_len)
+        out = _slide(self._vals, self._ids, self._filled, new, self._next_id, self.window_len, self.ties == "jitter")
         self._next_id += new.shape[1]
         self._filled = out.shape[1]
         return out

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .copula import marginal_histograms, pair_histograms, rank_transform
+from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
 from .errors import InputError
 from .model import InfoNet, dv_readout
 from .weights import load_model
@@ -88,6 +88,7 @@ class Estimator:
         batch_size: int = 128,
         threads: int | None = None,
         nonfinite: NonFinite = "raise",
+        ties: Ties | None = None,
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
@@ -104,12 +105,17 @@ class Estimator:
         self.nonfinite: NonFinite = nonfinite
         self.model: InfoNet
         self.model, self.meta = load_model(weights, self.device)
+        # tie policy of the rank transform (streamcorr.copula): the weights' own unless overridden
+        self.ties: Ties = ties if ties is not None else self.meta.get("ties", "mid")
+        check_ties(self.ties)
         self.grid = self.model.cfg.grid
         self.min_window = self.model.cfg.min_window
         digest = hashlib.sha256()
         for name, tensor in self.model.state_dict().items():
             digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
         self.fingerprint = f"{digest.hexdigest()[:16]}-{self.device.type}"  # identifies weights and device
+        if self.ties != "mid":
+            self.fingerprint += f"-{self.ties}"  # ranks differ, so cached results (null calibrations) do too
 
     # -- checked inputs -------------------------------------------------------------
     def _check_pairs(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray]:
@@ -140,7 +146,7 @@ class Estimator:
             return self._histograms_dropping(xa, ya, finite)
         self._check_length(xa.shape[1])
         constant = (xa.min(axis=1) == xa.max(axis=1)) | (ya.min(axis=1) == ya.max(axis=1))
-        u = rank_transform(np.concatenate([xa, ya]))
+        u = rank_transform(np.concatenate([xa, ya]), self.ties)
         p = xa.shape[0]
         idx = np.arange(p)
         hist = pair_histograms(u, u, self.grid, idx, idx + p)
@@ -160,7 +166,7 @@ class Estimator:
         return hist, mx, my, constant
 
     def _histograms_row(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        u = rank_transform(np.stack([x, y]))
+        u = rank_transform(np.stack([x, y]), self.ties)
         marg = marginal_histograms(u, self.grid)
         constant = bool(x.min() == x.max() or y.min() == y.max())
         return pair_histograms(u[:1], u[1:], self.grid)[0], marg[0], marg[1], constant
@@ -229,7 +235,7 @@ class Estimator:
         out = np.full((c, c), np.nan)
         if np.isfinite(d).all():
             self._check_length(d.shape[1])
-            u = rank_transform(d)
+            u = rank_transform(d, self.ties)
             marg = marginal_histograms(u, self.grid)
             mi = self.estimate_histograms(pair_histograms(u, u, self.grid, i, j), marg[i], marg[j])
             constant = d.min(axis=1) == d.max(axis=1)

@@ -17,6 +17,35 @@ def midranks(x: np.ndarray) -> np.ndarray:
     return out
 
 
+_MASK = 2**64 - 1
+
+
+def _mix(z: int) -> int:
+    """splitmix64 finaliser on Python ints, modulo 2**64."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def jittered_ranks(x: np.ndarray) -> np.ndarray:
+    """The "jitter" tie policy by counting: a tied sample's rank is its group start plus the
+    number of group members with a smaller key mix(position xor digest)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    start = [int(np.sum(x < x[k])) for k in range(n)]
+    size = [int(np.sum(x == x[k])) for k in range(n)]
+    seed = 0
+    for k in range(n):
+        if size[k] > 1:
+            seed = (seed + _mix((start[k] << 32) ^ k ^ (size[k] - 1))) & _MASK
+    keys = [_mix(k ^ seed) for k in range(n)]
+    out = np.empty(n)
+    for k in range(n):
+        before = sum(1 for m in range(n) if x[m] == x[k] and keys[m] < keys[k])
+        out[k] = (start[k] + before + 0.5) / n
+    return out
+
+
 def linear_binned_hist(u: np.ndarray, v: np.ndarray, grid: int) -> np.ndarray:
     """Joint histogram with bilinear weights on nodes g / (grid - 1), one sample at a time."""
     h = np.zeros((grid, grid))
