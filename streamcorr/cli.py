@@ -6,6 +6,8 @@ main(argv) returns an exit code, so tests call it without a subprocess.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -71,37 +73,125 @@ def _static_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+MIN_ROWS = 32  # the model's shortest window
+
+
 def _estimate(args: argparse.Namespace) -> int:
     from .estimator import Estimator
 
-    data = np.genfromtxt(args.csv, delimiter=",", names=True, dtype=np.float64)
-    names = data.dtype.names or ()
-    for col in (args.x, args.y):
-        if col not in names:
-            raise StreamcorrError(f"column {col!r} not in {args.csv}; columns are {', '.join(names)}")
-    est = Estimator(nonfinite="drop")
-    print(f"{est.estimate(data[args.x], data[args.y]):.4f}")
+    table = _read_table(args.csv)
+    x, y = (table.column(c) for c in (args.x, args.y))
+    keep = np.isfinite(x) & np.isfinite(y)
+    dropped = int((~keep).sum())
+    if keep.sum() < MIN_ROWS:
+        raise StreamcorrError(
+            f"{args.csv}: only {int(keep.sum())} rows have numbers in both {args.x!r} and {args.y!r}"
+            f" ({dropped} dropped); the model needs at least {MIN_ROWS}"
+        )
+    if dropped:
+        print(f"note: {dropped} of {len(x)} rows dropped (missing or non-numeric {args.x!r} or {args.y!r})",
+              file=sys.stderr)  # fmt: skip
+    print(f"{Estimator().estimate(x[keep], y[keep]):.4f}")
     return 0
 
 
-def _read_table(path: str) -> tuple[list[str], np.ndarray]:
-    """Column names and values (C, T) of a CSV (header row) or Parquet file; non-numeric cells become NaN."""
+class _Table:
+    """Numeric columns of a data file: names, values (C, T) with NaN for empty or non-numeric cells, and
+    the columns skipped because nothing in them is a number."""
+
+    def __init__(self, path: str, names: list[str], values: np.ndarray, skipped: list[str]) -> None:
+        self.path, self.names, self.values, self.skipped = path, names, values, skipped
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            why = " (it has no numbers)" if name in self.skipped else ""
+            raise StreamcorrError(f"column {name!r} not in {self.path}{why}; numeric columns: {_list(self.names)}")
+        return self.values[self.names.index(name)]
+
+
+def _list(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(repr(n) if len(n) < 40 else repr(n[:37] + "...") for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "none"
+
+
+def _read_table(path: str) -> _Table:
+    """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file."""
     if path.endswith((".parquet", ".pq")):
-        try:
-            import pyarrow.parquet as pq  # optional: only for Parquet input
-        except ImportError:
-            raise StreamcorrError("reading Parquet needs pyarrow: pip install pyarrow (or convert to CSV)") from None
-        tab = pq.read_table(path)
-        names = [n for n, col in zip(tab.column_names, tab.columns, strict=True) if _numeric(col.type)]
-        return names, np.stack([tab.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in names])
+        return _read_parquet(path)
+    import csv
+
     try:
-        data = np.genfromtxt(path, delimiter=",", names=True, dtype=np.float64)
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise StreamcorrError(f"{path} is not a regular file (a directory or a device?); give a CSV file")
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            header_line = f.readline(1 << 20)
+            f.seek(0)
+            if not header_line.strip():
+                raise StreamcorrError(f"{path} is empty: expected a header row naming the columns, then data rows")
+            delimiter = max(",;\t|", key=header_line.count) if any(c in header_line for c in ",;\t|") else ","
+            rows = list(csv.reader(f, delimiter=delimiter))
     except OSError as exc:
-        raise StreamcorrError(f"cannot read {path}: {exc}") from None
-    names = list(data.dtype.names or ())
+        raise StreamcorrError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise StreamcorrError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a CSV file?") from None
+    except csv.Error as exc:
+        raise StreamcorrError(f"{path} is not a readable CSV file: {exc}") from None
+    header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if any(cell.strip() for cell in r)]
+    if not body:
+        raise StreamcorrError(f"{path} has a header row but no data rows")
+    width = len(header)
+    ragged = sum(len(r) != width for r in body)
+    if ragged:
+        print(f"note: {ragged} rows of {path} do not have {width} fields; their missing fields count as empty",
+              file=sys.stderr)  # fmt: skip
+    cells = np.array([(r + [""] * width)[:width] for r in body], dtype=object).T  # (C, T)
+    names: list[str] = []
+    values: list[np.ndarray] = []
+    skipped: list[str] = []
+    for k, name in enumerate(header):
+        col = _numbers(cells[k])
+        if np.isnan(col).all() and not any(c.strip().lower() == "nan" for c in cells[k]):
+            skipped.append(name or f"column {k + 1}")
+        else:
+            names.append(name or f"column {k + 1}")
+            values.append(col)
+    if skipped:
+        print(f"note: skipped columns without numbers: {_list(skipped)}", file=sys.stderr)
     if not names:
-        raise StreamcorrError(f"{path} has no header row naming its columns")
-    return names, np.stack([np.atleast_1d(data[n]) for n in names])
+        hint = "" if width > 1 else f"; only one column found (the delimiter is {delimiter!r})"
+        raise StreamcorrError(f"{path} has no numeric column{hint}")
+    return _Table(path, names, np.stack(values), skipped)
+
+
+def _numbers(cells: np.ndarray) -> np.ndarray:
+    """float64 of each cell; NaN where the cell is empty or not a number."""
+    try:
+        return np.asarray(cells, dtype=np.float64)
+    except ValueError:
+        out = np.full(len(cells), np.nan)
+        for k, c in enumerate(cells):
+            with contextlib.suppress(ValueError):
+                out[k] = float(c)
+        return out
+
+
+def _read_parquet(path: str) -> _Table:
+    try:
+        import pyarrow.parquet as pq  # optional: only for Parquet input
+    except ImportError:
+        raise StreamcorrError("reading Parquet needs pyarrow: pip install pyarrow (or convert to CSV)") from None
+    try:
+        tab = pq.read_table(path)
+    except OSError as exc:  # missing file and corrupt file alike (pyarrow's ArrowInvalid is an OSError too)
+        raise StreamcorrError(f"cannot read {path} as Parquet: {exc}") from None
+    except Exception as exc:  # pyarrow has many error types; any of them means the same to the user
+        raise StreamcorrError(f"cannot read {path} as Parquet: {exc}") from None
+    names = [n for n, col in zip(tab.column_names, tab.columns, strict=True) if _numeric(col.type)]
+    skipped = [n for n in tab.column_names if n not in names]
+    if not names or tab.num_rows == 0:
+        raise StreamcorrError(f"{path} has no numeric column with rows")
+    values = np.stack([tab.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in names])
+    return _Table(path, names, values, skipped)
 
 
 def _numeric(arrow_type: object) -> bool:
@@ -113,20 +203,44 @@ def _numeric(arrow_type: object) -> bool:
 def _matrix(args: argparse.Namespace) -> int:
     from .estimator import Estimator
 
-    names, data = _read_table(args.file)
+    table = _read_table(args.file)
+    names, data = table.names, table.values
     if args.columns:
-        missing = [c for c in args.columns if c not in names]
-        if missing:
-            raise StreamcorrError(f"columns {', '.join(missing)} not in {args.file}; columns are {', '.join(names)}")
-        data = data[[names.index(c) for c in args.columns]]
+        data = np.stack([table.column(c) for c in args.columns])
         names = list(args.columns)
-    start = args.start or 0
-    stop = start + args.window if args.window else data.shape[1]
+    if len(names) < 2:
+        raise StreamcorrError(f"{args.file}: a matrix needs at least 2 numeric columns; found {_list(names)}")
+    n_rows = data.shape[1]
+    start = args.start
+    if not 0 <= start < n_rows:
+        raise StreamcorrError(f"--start {start} is outside the file: it has {n_rows} data rows (0..{n_rows - 1})")
+    if args.window is not None and args.window < MIN_ROWS:
+        raise StreamcorrError(f"--window {args.window}: the model needs at least {MIN_ROWS} rows")
+    stop = min(n_rows, start + args.window) if args.window else n_rows
+    if args.window and start + args.window > n_rows:
+        print(f"note: the file ends at row {n_rows - 1}; the window is rows {start}..{stop - 1}", file=sys.stderr)
     data = data[:, start:stop]
-    est = Estimator(nonfinite="drop")
-    mi = est.matrix(data)
+    if data.shape[1] < MIN_ROWS:
+        raise StreamcorrError(
+            f"rows {start}..{stop - 1} are {data.shape[1]} rows; the model needs at least {MIN_ROWS}"
+            " (use an earlier --start or a longer file)"
+        )
+    finite = np.isfinite(data)
+    for name, ok in zip(names, finite, strict=True):
+        if not ok.all():
+            print(f"note: column {name!r}: {int((~ok).sum())} of {len(ok)} rows missing or non-numeric, dropped"
+                  " pairwise", file=sys.stderr)  # fmt: skip
+    mi = np.full((len(names), len(names)), np.nan)
+    i, j = np.triu_indices(len(names), 1)
+    both = (finite[i] & finite[j]).sum(axis=1)
+    ok = both >= MIN_ROWS
+    if (~ok).any():
+        short = [f"{names[a]}~{names[b]}" for a, b in zip(i[~ok], j[~ok], strict=True)]
+        print(f"note: fewer than {MIN_ROWS} rows with both values, shown as '-': {_list(short, 10)}", file=sys.stderr)
+    if ok.any():
+        mi[i[ok], j[ok]] = mi[j[ok], i[ok]] = Estimator(nonfinite="drop").estimate_batch(data[i[ok]], data[j[ok]])
     width = max(8, *(len(n) for n in names))
-    print(f"MI (nats) between columns of {args.file}, rows {start}..{start + data.shape[1] - 1}\n")
+    print(f"MI (nats) between columns of {args.file}, rows {start}..{stop - 1}\n")
     print(" " * width + "".join(f"{n[:width]:>{width + 1}}" for n in names))
     for n, row in zip(names, mi, strict=True):
         print(f"{n:<{width}}" + "".join(f"{'-' if np.isnan(v) else f'{v:.3f}':>{width + 1}}" for v in row))
@@ -154,8 +268,13 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label="nats")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as exc:
+        msg = f"cannot write the heatmap to {path}: {exc.strerror or exc} (--png PATH or --no-png)"
+        raise StreamcorrError(msg) from None
+    finally:
+        plt.close(fig)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -189,9 +308,10 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="streamcorr", description="Real-time mutual information between streams.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("--version", action="version", version=f"streamcorr {__version__}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     demo = sub.add_parser("demo", help="live demo: simulated robot arm, terminal view and web view (no broker)")
     demo.add_argument("--speed", type=float, default=1.0, help="simulation speed, x real time")
     demo.add_argument("--duration", type=float, help="seconds of simulated time (default: the script + 40 s)")
@@ -207,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     est.add_argument("x")
     est.add_argument("y")
     est.set_defaults(func=_estimate)
-    mat = sub.add_parser("matrix", help="MI matrix of all column pairs of a CSV (header row) or Parquet file")
+    mat = sub.add_parser("matrix", help="MI matrix of all numeric column pairs of a CSV (header row) or Parquet file")
     mat.add_argument("file")
     mat.add_argument("--columns", nargs="+", help="only these columns (default: all numeric columns)")
-    mat.add_argument("--start", type=int, default=0, help="first row of the window")
+    mat.add_argument("--start", type=int, default=0, help="first data row of the window (0-based)")
     mat.add_argument("--window", type=int, help="rows in the window (default: to the end of the file)")
     mat.add_argument("--png", help="heatmap path (default: FILE without suffix + _mi.png)")
     mat.add_argument("--no-png", action="store_true", help="print only")
@@ -223,12 +343,39 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=_run)
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(func=lambda _a: print(__version__) or 0)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit code (0 ok, 2 a usage or input error, 1 anything unexpected,
+    130 Ctrl-C). No input, file or keystroke shows a traceback; STREAMCORR_DEBUG=1 shows unexpected ones."""
+    ap = _parser()
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error argparse has already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.cmd is None:
+        ap.print_help()
+        return 0
     try:
         return int(args.func(args))
     except StreamcorrError as exc:
         print(f"streamcorr: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("streamcorr: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `streamcorr matrix ... | head`: the reader left; say nothing more
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return 141
+    except Exception as exc:
+        if os.environ.get("STREAMCORR_DEBUG"):
+            raise
+        print(f"streamcorr: unexpected error: {type(exc).__name__}: {str(exc)[:500]}\n"
+              "  (a bug: please report it; STREAMCORR_DEBUG=1 shows the traceback)", file=sys.stderr)  # fmt: skip
+        return 1
 
 
 if __name__ == "__main__":

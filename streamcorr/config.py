@@ -11,6 +11,7 @@ See examples/*.yaml for one complete file per transport and the README for every
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,34 @@ from .errors import ConfigError
 __all__ = ["Config", "load_config", "parse_config"]
 
 SCHEMA_VERSION = 1
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake (or /dev/zero)
+MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded: a "billion laughs" file stops here
+
+
+def echo(value: Any) -> str:
+    """A short repr of a user value for an error message: a huge or deeply shared value is cut, not expanded.
+
+    >>> echo("x" * 1000)[:12], len(echo("x" * 1000)) < 80
+    ("'xxxxxxxxxxx", True)
+    """
+    r = reprlib.Repr()  # Python 3.11 takes the limits as attributes, not arguments
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 2, 4, 4, 4, 4
+    r.maxstring, r.maxother, r.maxlong = 60, 60, 40
+    return r.repr(value)
+
+
+def _count_values(data: Any, limit: int) -> int:
+    """Values in ``data`` as if every YAML alias were copied out; stops counting past ``limit``."""
+    seen, stack = 0, [data]
+    while stack and seen <= limit:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return seen
 
 
 class _Strict(BaseModel):
@@ -190,7 +219,7 @@ def _describe(exc: ValidationError) -> str:
         loc = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
         if len(loc) > 2 and loc[0] == "sources" and loc[2] in ("mqtt", "zmq"):
             del loc[2]  # the union's tag, which is not a key in the file
-        path = ".".join(loc) or "(top level)"
+        path = ".".join(p if len(p) <= 60 else echo(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
             msg = "unknown key: remove it or check its spelling (see the README's configuration reference)"
         elif err["type"] == "missing":
@@ -199,7 +228,7 @@ def _describe(exc: ValidationError) -> str:
             msg = "'type' must be 'mqtt' or 'zmq'"
         else:
             got = err.get("input")
-            msg = err["msg"] + ("" if isinstance(got, dict | list) else f" (got {got!r})")
+            msg = err["msg"][:300] + ("" if isinstance(got, dict | list) else f" (got {echo(got)})")
         lines.append(f"{path}: {msg}")
     return "; ".join(lines)
 
@@ -208,8 +237,11 @@ def parse_config(data: Any) -> Config:
     """Validate a parsed YAML document; raises ConfigError naming each bad key."""
     if not isinstance(data, dict):
         raise ConfigError("the configuration must be a mapping of keys (start with 'version: 1')")
+    if _count_values(data, MAX_CONFIG_VALUES) > MAX_CONFIG_VALUES:
+        msg = f"the configuration expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases?); write it out"
+        raise ConfigError(msg)
     if "version" in data and data["version"] != SCHEMA_VERSION:
-        raise ConfigError(f"version: this streamcorr reads version {SCHEMA_VERSION}; got {data['version']!r}")
+        raise ConfigError(f"version: this streamcorr reads version {SCHEMA_VERSION}; got {echo(data['version'])}")
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -220,11 +252,20 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a YAML configuration file."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        with p.open("rb") as f:  # bounded: /dev/zero or a log file passed by mistake must not fill memory
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{p} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a streamcorr configuration")
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{p} is not valid YAML: {str(exc)[:500]}") from None
+    except RecursionError:
+        raise ConfigError(f"{p} nests too deeply to be a streamcorr configuration") from None
     try:
         return parse_config(data)
     except ConfigError as exc:
