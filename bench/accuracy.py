@@ -13,8 +13,7 @@ import argparse
 import numpy as np
 
 from streamcorr import Estimator
-from training.evaluate import LEVELS, eval_levels, level_set, order_accuracy, order_windows
-from training.mixtures import gaussian_mi
+from training.tasks import LEVELS, eval_levels, gaussian_mi, level_set, order_accuracy, order_windows
 
 from .baselines import KSG
 from .common import environment, write_results

@@ -19,8 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from training.evaluate import LEVELS, level_set, order_accuracy, order_windows, windows
-from training.mixtures import gaussian_mi, random_mixture
+from training.tasks import (
+    LEVELS,
+    gaussian_mi,
+    level_set,
+    order_accuracy,
+    order_windows,
+    random_mixture,
+    uniform_noise_mi,
+    windows,
+)
 
 from .baselines import KDE, KSG, MINE, Binned, InfoNetBaseline
 from .common import RESULTS, environment, median_time, write_results
@@ -191,11 +199,6 @@ def gaussian(quick: bool) -> dict[str, Any]:
 
 
 # -- Appendix distributions -------------------------------------------------------------------------
-def uniform_noise_mi(eps: float) -> float:
-    """I(X; X + N), X ~ U(0, 1), N ~ U(-eps, eps): h(X + N) - log(2 eps)."""
-    return eps - np.log(2 * eps) if eps <= 0.5 else 1.0 / (4 * eps)
-
-
 def appendix(quick: bool) -> dict[str, Any]:
     draws = 2 if quick else 5
     ests = [_infonet(), KSG(1), MINE(500)]

@@ -40,6 +40,16 @@ def test_batches_are_exact_histograms():
     assert np.isfinite(b["mi"]).all() and (b["mi"] > -0.05).all()
 
 
+def test_v2_batches_mix_all_families_with_jittered_ties():
+    """The v2 data config yields exact histograms too; quantised items need the jitter tie policy."""
+    cfg = yaml.safe_load(Path("training/configs/infonet-v2.yaml").read_text())["data"]
+    b = make_batch(np.random.default_rng(3), DataConfig(**{**cfg, "grid": 16, "n_fresh": 256, "max_window": 512}), 24)
+    np.testing.assert_allclose(b["fresh"].sum(axis=(1, 2)), 1.0, atol=1e-5)
+    assert np.isfinite(b["mi"]).all() and (b["mi"] > -0.1).all()
+    with pytest.raises(ValueError, match="ties: jitter"):
+        DataConfig(p_quantised=0.2, ties="mid")
+
+
 def test_training_runs_checkpoints_and_resumes(tmp_path):
     """A tiny run trains, writes loss.csv and loadable safetensors weights, and resumes from its checkpoint."""
     cfg = yaml.safe_load(Path("training/configs/infonet-v1.yaml").read_text())
@@ -55,5 +65,34 @@ def test_training_runs_checkpoints_and_resumes(tmp_path):
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
     est = Estimator(tmp_path / "tiny" / "model.safetensors")
-    assert est.meta["step"] == 5 and est.grid == 16
+    assert est.meta["step"] == 5 and est.grid == 16 and est.ties == "mid"
     assert np.isfinite(est.estimate(np.arange(100.0), np.arange(100.0) ** 2))
+
+
+def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
+    """--out with --max-minutes fine-tunes from init weights, stops in time, and writes only weights,
+    logs and config; the weights carry the jitter tie policy, which the Estimator then uses."""
+    import time
+
+    cfg = yaml.safe_load(Path("training/configs/infonet-v2.yaml").read_text())
+    cfg.update(name="tiny-v2", batch=4, workers=1, eval_every=2, warmup_steps=1, val_mixtures=4, val_quantised=4)
+    cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
+    cfg["data"].update(grid=16, max_window=256, n_fresh=128)
+    cfg["init"] = None
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert train_main([str(path), "--device", "cpu", "--steps", "2", "--out", str(tmp_path / "a")]) == 0
+    cfg["init"] = str(tmp_path / "a" / "model.safetensors")
+    path.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    assert train_main([str(path), "--device", "cpu", "--max-minutes", "0.45", "--out", str(tmp_path / "b")]) == 0
+    assert time.perf_counter() - t0 < 0.45 * 60 + 15
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "config.yaml",
+        "eval.csv",
+        "loss.csv",
+        "model.safetensors",
+    ]
+    est = Estimator(tmp_path / "b" / "model.safetensors")
+    assert est.ties == "jitter" and est.meta["init"].endswith("model.safetensors")
+    assert np.isfinite(est.estimate(np.arange(100.0) // 10, np.arange(100.0) % 7))

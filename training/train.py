@@ -1,9 +1,18 @@
-"""Train InfoNet on random distributions. Resumable; CPU or CUDA.
+"""Train InfoNet on random distributions: resumable or time-boxed, CPU or CUDA, from scratch or fine-tuned.
 
     python -m training.train training/configs/infonet-v1.yaml [--device auto] [--steps N]
+    python -m training.train training/configs/infonet-v2.yaml --device cuda --max-minutes 6 --out "$OUT"
 
-Writes training/runs/<name>/: checkpoint.pt (model, optimiser, step), loss.csv,
-eval.csv, and model.safetensors + model.json (the exportable weights).
+Without --out, writes training/runs/<name>/: checkpoint.pt (model, optimiser,
+step; resumed when present), loss.csv, eval.csv, config.yaml, model.safetensors.
+With --out DIR, writes only DIR/model.safetensors, loss.csv, eval.csv,
+config.yaml: no pickled optimiser state and no resume. Weights are saved every
+``save_every_s`` seconds and at the end, with the model and data config (tie
+policy included) in the safetensors metadata. ``init`` in the config (or
+--init) starts from shipped weights. With --max-minutes, the learning-rate
+schedule follows wall-clock progress and the run stops in time, counting
+start-up after imports (a few seconds). Imports streamcorr.model / .weights / .copula only (no pydantic).
+
 Objective per batch (see models/README.md for why both terms):
     loss = -mean DV(theta; fresh samples) + readout_weight * mean (DV(theta; window) - MI)^2
 """
@@ -11,6 +20,7 @@ Objective per batch (see models/README.md for why both terms):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -18,6 +28,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +37,13 @@ import torch
 import yaml
 
 from streamcorr.model import InfoNet, InfoNetConfig, dv_readout, log_mean_exp
-from streamcorr.weights import save_weights
+from streamcorr.weights import load_model, save_weights
 
 from .data import DataConfig, make_batch
 from .validation import validation_set
 
 RUNS = Path(__file__).parent / "runs"
+STOP_MARGIN_S = 20.0  # of a --max-minutes budget, kept for the last evaluation and save
 
 
 def _worker(seed: int, cfg: DataConfig, batch: int, queue: Any) -> None:
@@ -71,25 +83,40 @@ def _truncate_logs(run: Path, step: int) -> None:
             path.write_text("".join(keep))
 
 
-def lr_at(step: int, cfg: dict[str, Any]) -> float:
+def lr_at(progress: float, step: int, cfg: dict[str, Any]) -> float:
+    """Linear warm-up over warmup_steps, then cosine from lr to min_lr as progress goes 0 -> 1."""
     if step < cfg["warmup_steps"]:
         return cfg["lr"] * (step + 1) / cfg["warmup_steps"]
-    frac = min(1.0, (step - cfg["warmup_steps"]) / max(1, cfg["steps"] - cfg["warmup_steps"]))
+    frac = min(1.0, max(0.0, progress))
     return cfg["min_lr"] + 0.5 * (cfg["lr"] - cfg["min_lr"]) * (1 + math.cos(math.pi * frac))
+
+
+FAMILIES = {0: "mix", 1: "gauss", 2: "quant", 3: "noise"}
 
 
 def evaluate(model: InfoNet, val: dict[str, torch.Tensor]) -> dict[str, float]:
     model.eval()
     with torch.inference_mode():
-        est = dv_readout(model(val["hist"], val["mx"], val["my"]), val["hist"], val["mx"], val["my"])
+        theta = model(val["hist"], val["mx"], val["my"]).float()
+        est = dv_readout(theta, val["hist"], val["mx"], val["my"])
     model.train()
     err = (est - val["mi"]).cpu().numpy()
     mi = val["mi"].cpu().numpy()
+    fam = val["family"].cpu().numpy() if "family" in val else np.zeros(len(mi), int)
     out = {"mae": float(np.abs(err).mean()), "bias": float(err.mean())}
     for lo, hi in [(0.0, 0.1), (0.4, 0.6), (0.8, 1.0), (1.2, 2.5)]:
-        sel = (mi >= lo) & (mi < hi)
+        sel = (mi >= lo) & (mi < hi) & (fam <= 1)
         out[f"bias_{lo:.1f}_{hi:.1f}"] = float(err[sel].mean()) if sel.any() else float("nan")
+    for code, name in FAMILIES.items():
+        sel = fam == code
+        out[f"mae_{name}"] = float(np.abs(err[sel]).mean()) if sel.any() else float("nan")
     return out
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,26 +124,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", type=Path)
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
     ap.add_argument("--steps", type=int, default=None, help="override the config's total steps")
-    ap.add_argument("--runs-dir", type=Path, default=RUNS, help="where run folders go")
+    ap.add_argument("--runs-dir", type=Path, default=RUNS, help="where run folders go (without --out)")
+    ap.add_argument("--out", type=Path, default=None, help="flat output folder: weights, logs, config; no resume")
+    ap.add_argument("--max-minutes", type=float, default=None, help="hard wall-clock limit, start-up included")
+    ap.add_argument("--init", default=None, help="start from these weights (overrides the config's init)")
+    ap.add_argument("--workers", type=int, default=None, help="data worker processes (default: config)")
+    ap.add_argument("--batch", type=int, default=None, help="override the config's batch size")
     args = ap.parse_args(argv)
+    t_begin = time.perf_counter()
     cfg = yaml.safe_load(args.config.read_text())
-    if args.steps:
-        cfg["steps"] = args.steps
-    device = torch.device(
-        "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device.replace("auto", "cpu")
-    )
+    for key in ("steps", "workers", "batch", "init"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    budget_s = 60.0 * args.max_minutes if args.max_minutes else None
+    device = _device(args.device)
     torch.set_num_threads(cfg["threads"])
-    run = args.runs_dir / cfg["name"]
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    use_bf16 = device.type == "cuda" and cfg.get("precision", "fp32") == "bf16"
+    run = args.out if args.out is not None else args.runs_dir / cfg["name"]
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
-    mcfg, dcfg = InfoNetConfig(**cfg["model"]), DataConfig(**cfg["data"])
+    dcfg = DataConfig(**cfg["data"])
     torch.manual_seed(cfg["seed"])
-    model = InfoNet(mcfg).to(device)
+    init_meta: dict[str, Any] = {}
+    if cfg.get("init"):
+        model, init_meta = load_model(cfg["init"], device)
+        mcfg = model.cfg
+        if InfoNetConfig(**{**mcfg.to_dict(), **cfg["model"]}) != mcfg:
+            raise SystemExit(f"config model section differs from the init weights' {mcfg.to_dict()}")
+        model.train()
+    else:
+        mcfg = InfoNetConfig(**cfg["model"])
+        model = InfoNet(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     step, wall = 0, 0.0
     ckpt_path = run / "checkpoint.pt"
-    if ckpt_path.exists():
+    if args.out is None and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
@@ -124,16 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         _truncate_logs(run, step)
         print(f"resumed {run} at step {step}", flush=True)
 
-    val_np = validation_set(dcfg.grid, cfg.get("val_mixtures", 256))
-    val = {k: torch.from_numpy(v).to(device) for k, v in val_np.items()}
+    make_batch(np.random.default_rng(0), dcfg, 2)  # compile (and cache) the Numba kernels once, before the workers
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue(maxsize=2 * cfg["workers"])
+    queue = ctx.Queue(maxsize=3 * cfg["workers"])
     workers = [
         ctx.Process(target=_worker, args=(cfg["seed"] * 1000 + step * 7 + i, dcfg, cfg["batch"], queue), daemon=True)
         for i in range(cfg["workers"])
     ]
     for w in workers:
         w.start()
+    val_np = validation_set(
+        dcfg.grid, cfg.get("val_mixtures", 256), ties=dcfg.ties, n_quantised=cfg.get("val_quantised", 0)
+    )
+    val = {k: torch.from_numpy(v).to(device) for k, v in val_np.items()}
 
     loss_f = (run / "loss.csv").open("a", newline="")
     loss_w = csv.writer(loss_f)
@@ -141,13 +190,58 @@ def main(argv: list[str] | None = None) -> int:
         loss_w.writerow(["step", "wall_s", "lr", "loss", "dv_fresh", "readout_mse", "readout_mae"])
     eval_f = (run / "eval.csv").open("a", newline="")
     eval_w = csv.writer(eval_f)
+    save_every_s = float(cfg.get("save_every_s", 60.0))
+
+    def log_eval() -> None:
+        ev = evaluate(model, val)
+        if eval_f.tell() == 0:
+            eval_w.writerow(["step", "wall_s", *ev])
+        eval_w.writerow([step, f"{wall:.1f}", *(f"{v:.4f}" for v in ev.values())])
+        eval_f.flush()
+        print(f"step {step} wall {wall:.0f}s " + " ".join(f"{k}={v:.4f}" for k, v in ev.items()), flush=True)
+
+    def save() -> None:
+        loss_f.flush()
+        if args.out is None:
+            tmp = run / "checkpoint.tmp"
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
+            tmp.replace(ckpt_path)
+        meta = {
+            "config": mcfg.to_dict(),
+            "ties": dcfg.ties,
+            "data": asdict(dcfg),
+            "step": step,
+            "train_wall_s": round(wall, 1),
+            "device": str(device),
+            "run": cfg["name"],
+            "init": str(cfg.get("init") or ""),
+            "init_run": init_meta.get("run", ""),
+        }
+        tmp_w = run / "model.tmp.safetensors"
+        save_weights(model, tmp_w, meta)
+        tmp_w.replace(run / "model.safetensors")
+
     t0 = time.perf_counter() - wall
-    while step < cfg["steps"]:
-        batch = {k: torch.from_numpy(v).to(device) for k, v in queue.get().items()}
-        lr = lr_at(step, cfg)
+    last_save = time.perf_counter()
+    deadline = t_begin + budget_s - STOP_MARGIN_S if budget_s else math.inf
+    if step == 0 and time.perf_counter() < deadline:
+        log_eval()  # the starting point: random or init weights
+    while step < cfg["steps"] and time.perf_counter() < deadline:
+        try:
+            item = queue.get(timeout=max(0.1, min(30.0, deadline - time.perf_counter())))
+        except queue_mod.Empty:
+            continue
+        batch = {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in item.items()}
+        progress = step / cfg["steps"]
+        if budget_s:
+            progress = max(progress, (time.perf_counter() - t_begin) / (budget_s - STOP_MARGIN_S))
+        lr = lr_at(progress, step, cfg)
         for group in opt.param_groups:
             group["lr"] = lr
-        theta = model(batch["hist"], batch["mx"], batch["my"])
+        amp = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+        with amp:
+            theta = model(batch["hist"], batch["mx"], batch["my"])
+        theta = theta.float()  # the DV terms (log-sum-exp) in fp32
         dv = fresh_dv(theta, batch["fresh"])
         est = dv_readout(theta, batch["hist"], batch["mx"], batch["my"])
         mse = ((est - batch["mi"]) ** 2).mean()
@@ -172,31 +266,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         if step % 50 == 0:
             loss_f.flush()
-        if step % cfg["eval_every"] == 0 or step == cfg["steps"]:
-            ev = evaluate(model, val)
-            if eval_f.tell() == 0:
-                eval_w.writerow(["step", "wall_s", *ev])
-            eval_w.writerow([step, f"{wall:.1f}", *(f"{v:.4f}" for v in ev.values())])
-            eval_f.flush()
-            print(f"step {step} wall {wall:.0f}s " + " ".join(f"{k}={v:.4f}" for k, v in ev.items()), flush=True)
-        if step % cfg["checkpoint_every"] == 0 or step == cfg["steps"]:
-            loss_f.flush()
-            tmp = run / "checkpoint.tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
-            tmp.replace(ckpt_path)
-            meta = {
-                "config": mcfg.to_dict(),
-                "step": step,
-                "train_wall_s": round(wall, 1),
-                "device": str(device),
-                "run": cfg["name"],
-            }
-            save_weights(model, run / "model.safetensors", meta)
+        if step % cfg["eval_every"] == 0:
+            log_eval()
+        if step % cfg["checkpoint_every"] == 0 or time.perf_counter() - last_save >= save_every_s:
+            save()
+            last_save = time.perf_counter()
     for w in workers:
         w.terminate()
+    wall = time.perf_counter() - t0
+    if step % cfg["eval_every"]:
+        log_eval()
+    save()
     loss_f.close()
     eval_f.close()
-    print(json.dumps({"done": step, "wall_s": round(wall, 1)}))
+    print(json.dumps({"done": step, "wall_s": round(wall, 1), "out": str(run)}), flush=True)
     return 0
 
 
