@@ -4,6 +4,9 @@ Policy for each channel's timestamps (nanoseconds, int64):
 - a sample whose timestamp is not later than the channel's newest accepted one
   is dropped and counted: ``late`` if earlier, ``duplicate`` if equal;
 - a non-finite value (NaN, inf) is dropped and counted as ``nonfinite``;
+- a sample later than ``max_t_ns`` (when the caller gives one: the engine's receive
+  clock plus ``max_future_s``) is dropped and counted as ``future``; like the two
+  above, it does not raise the bound later samples must pass;
 - when the buffer is full the oldest sample is overwritten (``overwritten``):
   memory per channel is fixed at construction.
 
@@ -31,11 +34,12 @@ class ChannelCounters:
     late: int = 0
     duplicate: int = 0
     nonfinite: int = 0
+    future: int = 0
     overwritten: int = 0
 
     @property
     def dropped(self) -> int:
-        return self.late + self.duplicate + self.nonfinite
+        return self.late + self.duplicate + self.nonfinite + self.future
 
 
 @dataclass
@@ -92,8 +96,8 @@ class RingBuffer:
         self.counters.accepted += 1
         return True
 
-    def push_many(self, t_ns: np.ndarray, values: np.ndarray) -> int:
-        """Append samples in order; returns how many were accepted."""
+    def push_many(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
+        """Append samples in order, refusing those later than max_t_ns (if given); returns how many were accepted."""
         t_ns = np.asarray(t_ns, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
         if t_ns.shape != values.shape or t_ns.ndim != 1:
@@ -101,17 +105,19 @@ class RingBuffer:
         if t_ns.size == 0:
             return 0
         with self._lock:
-            return self._push_arrays(t_ns, values)
+            return self._push_arrays(t_ns, values, max_t_ns)
 
-    def _push_arrays(self, t_ns: np.ndarray, values: np.ndarray) -> int:
+    def _push_arrays(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
         finite = np.isfinite(values)
-        # A sample is accepted iff it is later than every earlier sample (a rejected one never raises that bound).
+        cand = finite if max_t_ns is None else finite & (t_ns <= max_t_ns)  # candidates: finite, not too far ahead
+        # A sample is accepted iff it is later than every earlier candidate (a rejected one never raises that bound).
         floor = np.iinfo(np.int64).min if self.last_t_ns is None else self.last_t_ns
-        bound = np.maximum.accumulate(np.concatenate(([floor], np.where(finite, t_ns, floor)[:-1])))
-        ok = finite & (t_ns > bound)
+        bound = np.maximum.accumulate(np.concatenate(([floor], np.where(cand, t_ns, floor)[:-1])))
+        ok = cand & (t_ns > bound)
         self.counters.nonfinite += int((~finite).sum())
-        self.counters.duplicate += int((finite & (t_ns == bound)).sum())
-        self.counters.late += int((finite & (t_ns < bound)).sum())
+        self.counters.future += int((finite & ~cand).sum())
+        self.counters.duplicate += int((cand & (t_ns == bound)).sum())
+        self.counters.late += int((cand & (t_ns < bound)).sum())
         n = int(ok.sum())
         if n == 0:
             return 0

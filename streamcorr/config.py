@@ -71,6 +71,7 @@ class Payload(_Strict):
     time_unit: Literal["s", "ms", "us", "ns"] = "s"
     max_payload_bytes: int = Field(1 << 20, ge=16, le=64 << 20)
     max_samples_per_message: int = Field(100_000, ge=1, le=10_000_000)
+    max_topic_bytes: int = Field(1024, ge=1, le=65535)  # longer topics are dropped whole ("topic")
 
 
 class MqttConnection(_Strict):
@@ -90,6 +91,7 @@ class MqttSourceConfig(MqttConnection, Payload):
     type: Literal["mqtt"]
     topics: list[str] = Field(min_length=1)
     queue_size: int = Field(10_000, ge=1, le=1_000_000)
+    queue_bytes: int = Field(64 << 20, ge=1 << 16, le=4 << 30)  # topics + payloads waiting, at most
 
 
 class ZmqSourceConfig(Payload):
@@ -109,6 +111,10 @@ class Channels(_Strict):
     auto_add: bool = True  # channels first seen at run time join the matrix
     rate_hz: float = Field(100.0, gt=0, le=100_000)  # the common clock
     max_staleness_s: float = Field(0.05, ge=0)  # sample-and-hold limit
+    max_channels: int = Field(256, ge=1, le=2048)  # in all, names first; samples for further new names dropped
+    auto_pairs_per_hop: int = Field(1024, ge=1)  # pairs with an auto-added channel evaluated per hop, at most
+    max_future_s: float = Field(5.0, ge=0)  # samples stamped further ahead of the receive clock are dropped
+    max_name_bytes: int = Field(256, ge=1, le=4096)  # channel names: UTF-8, printable, at most this long
 
 
 class Window(_Strict):

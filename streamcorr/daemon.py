@@ -1,8 +1,9 @@
 """`streamcorr run config.yaml`: sources -> engine -> sinks, with /metrics, /healthz and the optional web view.
 
 Shutdown (SIGTERM, SIGINT or `stop()`): ingest stops first, windows already due
-are evaluated, the last snapshot and an "offline" status are published, then
-the listeners close. A source or sink losing its broker reconnects by itself;
+are evaluated (for at most ``SHUTDOWN_FLUSH_S``; a hop still running then is
+abandoned at its next model batch), the last snapshot and an "offline" status are
+published, then the listeners close. A source or sink losing its broker reconnects by itself;
 the daemon never exits for that.
 """
 
@@ -36,6 +37,7 @@ log = logging.getLogger("streamcorr.daemon")
 
 __all__ = ["Daemon", "engine_config", "setup_logging"]
 
+SHUTDOWN_FLUSH_S = 5.0  # longest a shutdown waits for windows already due
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -67,6 +69,10 @@ def engine_config(cfg: Config) -> EngineConfig:
         delta=cfg.changes.delta,
         rel_delta=cfg.changes.rel_delta,
         auto_add_channels=cfg.channels.auto_add,
+        max_channels=cfg.channels.max_channels,
+        auto_pairs_per_hop=cfg.channels.auto_pairs_per_hop,
+        max_future_s=cfg.channels.max_future_s,
+        max_name_bytes=cfg.channels.max_name_bytes,
         skip_stale_hops=cfg.window.skip_stale_hops,
         estimator=est,
     )
@@ -78,10 +84,10 @@ def mqtt_settings(c: MqttConnection) -> MqttSettings:
     return MqttSettings(**c.model_dump(include=set(MqttConnection.model_fields) - {"tls"}), tls=tls)
 
 
-def _decoder(p: Payload) -> Any:
+def _decoder(p: Payload, max_name_bytes: int) -> Any:
     from .ingest.payload import PayloadDecoder
 
-    return PayloadDecoder(**p.model_dump(include=set(Payload.model_fields)))
+    return PayloadDecoder(**p.model_dump(include=set(Payload.model_fields)), max_name_bytes=max_name_bytes)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -206,9 +212,10 @@ class Daemon:
                 src: Any = MqttSource(
                     settings=mqtt_settings(s),
                     topics=list(s.topics),
-                    decoder=_decoder(s),
+                    decoder=_decoder(s, self.cfg.channels.max_name_bytes),
                     sink=self.engine.push,
                     queue_size=s.queue_size,
+                    queue_bytes=s.queue_bytes,
                 )
             else:
                 from .ingest.zmq import ZmqSource
@@ -218,7 +225,7 @@ class Daemon:
                     mode=s.mode,
                     bind=s.bind,
                     topics=list(s.topics),
-                    decoder=_decoder(s),
+                    decoder=_decoder(s, self.cfg.channels.max_name_bytes),
                     sink=self.engine.push,
                     rcvhwm=s.rcvhwm,
                 )
@@ -369,10 +376,10 @@ class Daemon:
             log.info("shutting down: stopping ingest")
             await _cancel(ingest)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.engine.flush(), timeout=30)
+                await asyncio.wait_for(self.engine.flush(), timeout=SHUTDOWN_FLUSH_S)
             await asyncio.sleep(0.05)  # let the forwarder hand the last snapshot to the sinks
             await _cancel([forwarder])
-            await self.engine.stop()
+            await self.engine.stop(timeout_s=SHUTDOWN_FLUSH_S)
             for sink in self.sinks:  # the last snapshot again, then "offline" (retained on MQTT)
                 try:
                     if self.engine.latest is not None:

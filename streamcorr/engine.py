@@ -9,6 +9,23 @@ async subscribers read from bounded queues (oldest dropped, drops counted).
 Stream time is the newest timestamp pushed, so simulated and replayed data run
 as fast as they arrive. A hop is evaluated once stream time passes its end plus
 ``max_staleness_s``, so late-but-allowed samples are in before the window closes.
+
+What one sender can do is bounded (the engine is the door for library users too):
+
+* a sample stamped more than ``max_future_s`` ahead of the receive clock (the wall
+  clock at ``push``) is refused and counted (``future``); and stream time never
+  moves past the receive clock, so a sample a little ahead on one channel cannot
+  end windows early for the others;
+* a channel name must follow the rule of :mod:`streamcorr.names` (``bad_name``);
+* at most ``max_channels`` channels exist (the configured ones first, always);
+  samples for further new names are refused and counted (``channel_limit``), and
+  new channels join the matrix once per hop, in one step;
+* pairs among configured channels are evaluated every hop (within
+  ``max_pairs_per_hop``); pairs involving auto-added channels get at most
+  ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
+  the configured ones;
+* ``stop(timeout_s)`` returns within about ``timeout_s``: a hop in progress ends
+  at its next model batch.
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +49,8 @@ from .buffers import ChannelCounters, Resampler, RingBuffer
 from .copula import SlidingRanks, marginal_histograms, pair_histograms
 from .errors import ConfigError, InputError
 from .estimator import Estimator
+from .logutil import RateLimitedLog
+from .names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .publish import ChangeDetector, ChangeEvent, MatrixState, NullCalibration, Snapshot
 from .scheduler import PairSelection, Scheduler
 
@@ -56,6 +76,10 @@ class EngineConfig:
     delta: float | None = None  # nats a dependent pair must move for rise/fall (default from the null's spread)
     rel_delta: float = 0.25  # ... and this fraction of its level
     auto_add_channels: bool = True
+    max_channels: int = 256  # channels in all, configured ones included; further new names are refused
+    auto_pairs_per_hop: int = 1024  # pairs involving auto-added channels evaluated per hop at most
+    max_future_s: float | None = 5.0  # samples stamped further ahead of the receive clock are refused
+    max_name_bytes: int = MAX_NAME_BYTES  # the channel-name rule's length bound (streamcorr.names)
     skip_stale_hops: bool = True  # live: jump to the newest window when behind; replay: set False
     queue_size: int = 64  # per subscriber
     estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
@@ -69,6 +93,19 @@ class EngineConfig:
             raise ConfigError(f"min_coverage must be in (0, 1]; got {self.min_coverage}")
         if len(set(self.channels)) != len(self.channels):
             raise ConfigError("channels contains duplicate names")
+        check_max_name_bytes(self.max_name_bytes)
+        for name in self.channels:
+            if (why := name_problem(name, self.max_name_bytes)) is not None:
+                raise ConfigError(f"channel name {name!r:.80} is not usable ({why}); see streamcorr.names")
+        if not 1 <= self.max_channels <= MAX_CHANNELS:
+            raise ConfigError(f"max_channels must be in [1, {MAX_CHANNELS}]; got {self.max_channels}")
+        if len(self.channels) > self.max_channels:
+            msg = f"{len(self.channels)} channels are configured but max_channels is {self.max_channels}; raise it"
+            raise ConfigError(msg)
+        if self.auto_pairs_per_hop < 1:
+            raise ConfigError(f"auto_pairs_per_hop must be >= 1; got {self.auto_pairs_per_hop}")
+        if self.max_future_s is not None and not self.max_future_s >= 0:
+            raise ConfigError(f"max_future_s must be >= 0 seconds (or None: no bound); got {self.max_future_s}")
 
 
 @dataclass
@@ -78,6 +115,8 @@ class EngineCounters:
     pairs_evaluated: int = 0
     pairs_low_coverage: int = 0
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
+    bad_name: int = 0  # samples for a name that breaks the channel-name rule
+    channel_limit: int = 0  # samples for new names refused because max_channels exist
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
@@ -88,6 +127,39 @@ class EngineCounters:
         now = time.perf_counter()
         self.stage_s[stage] = self.stage_s.get(stage, 0.0) + now - t0
         return now
+
+
+MAX_CHANNELS = 2048  # 12 N^2 bytes of matrices plus N names must fit one envelope (64 MiB)
+_STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
+
+
+class EngineStopping(Exception):
+    """Raised inside a hop when ``Engine.stop`` asks it to end early."""
+
+
+class _StoppableEstimator(Estimator):
+    """The engine's handle on its estimator: the same model and settings (a shallow copy of its state, so
+    each engine has its own stop flag), with model calls cut into chunks between which ``stop`` is honoured."""
+
+    def __init__(self, est: Estimator, stopping: threading.Event) -> None:  # no super().__init__: a view
+        vars(self).update(vars(est))
+        self._stopping = stopping
+
+    def _check(self) -> None:
+        if self._stopping.is_set():
+            raise EngineStopping("engine stopping")
+
+    def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+        out = []
+        for k in range(0, len(hist), _STOP_CHUNK):
+            self._check()
+            sl = slice(k, k + _STOP_CHUNK)
+            out.append(super().estimate_histograms(hist[sl], mx[sl], my[sl]))
+        return np.concatenate(out) if out else super().estimate_histograms(hist, mx, my)
+
+    def estimate_batch(self, x: object, y: object) -> np.ndarray:
+        self._check()
+        return super().estimate_batch(x, y)
 
 
 _CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
@@ -147,7 +219,9 @@ class Engine:
 
     def __init__(self, config: EngineConfig, estimator: Estimator | None = None) -> None:
         self.cfg = config
-        self.est = estimator or Estimator(**dict(config.estimator))
+        self._stopping = threading.Event()
+        self.est: Estimator = _StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
+        self._log = RateLimitedLog(log)
         self.resampler = Resampler(config.rate_hz, config.max_staleness_s)
         self.capacity = config.buffer_len or 2 * (config.window_len + 2 * config.hop_samples)
         self._channels: dict[str, _Channel] = {}
@@ -156,7 +230,8 @@ class Engine:
         self.calibration = _calibration(self.est, config.window_len, config.false_alarm_rate, config.min_effect)
         self.detector = ChangeDetector(self.calibration, config.delta, config.persist, config.rel_delta)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
-        self._scheduler = Scheduler(self._pairs, config.max_pairs_per_hop or 1)
+        self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
+        self._scheduler = Scheduler(self._pairs, 1)
         for name in config.channels:
             self._add_channel(name)
         self._sync_channels()
@@ -164,6 +239,7 @@ class Engine:
         self._next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
         self._wake = asyncio.Event()
         self._busy = False
+        self._hop_running = threading.Event()  # set while a worker thread is inside evaluate()
         self._task: asyncio.Task[None] | None = None
         self._snap_queues: list[asyncio.Queue[Any]] = []
         self._event_queues: list[asyncio.Queue[Any]] = []
@@ -179,14 +255,16 @@ class Engine:
     def sample_drops(self) -> dict[str, int]:
         """Samples refused so far, by reason, over all channels. (Samples that aged out of a full ring buffer
         after use are not drops: see ``channel_counters()[name].overwritten``.)"""
-        per_channel = ("late", "duplicate", "nonfinite")
-        out = {"bad_sample": self.counters.bad_sample, "unknown_channel": self.counters.unknown_channel}
+        per_channel = ("late", "duplicate", "nonfinite", "future")
+        c = self.counters
+        out = {"bad_sample": c.bad_sample, "unknown_channel": c.unknown_channel}
+        out |= {"bad_name": c.bad_name, "channel_limit": c.channel_limit}
         for reason in per_channel:
             out[reason] = sum(getattr(cc, reason) for cc in self.channel_counters().values())
         return out
 
     def channel_counters(self) -> dict[str, ChannelCounters]:
-        """Per-channel sample counters (accepted, late, duplicate, nonfinite, overwritten), by channel name."""
+        """Per-channel sample counters (accepted, late, duplicate, nonfinite, future, overwritten), by name."""
         return {name: ch.buffer.counters for name, ch in list(self._channels.items())}
 
     def _add_channel(self, name: str) -> None:
@@ -195,27 +273,52 @@ class Engine:
         self._channels[name] = _Channel(name, self.capacity, self.cfg.window_len)
 
     def _sync_channels(self) -> None:
-        new = [name for name in list(self._channels) if name not in self.state.channels]
+        # channels are only ever added, so the new ones are the tail of the (insertion-ordered) dict
+        known = len(self.state.channels)
+        new = list(self._channels)[known:]
         if not new:
             return
-        for name in new:
-            self.state.add_channel(name)
+        self.state.add_channels(new)  # one regrowth of the matrices for all of them
         old = {tuple(p): t for p, t in zip(self._pairs.tolist(), self._scheduler.last_refresh_ns, strict=True)}
         if len(self.state.channels) > 1:
             self._pairs = self.cfg.pairs.resolve(self.state.channels)
-        self._scheduler = Scheduler(self._pairs, self.cfg.max_pairs_per_hop or max(1, len(self._pairs)))
+        n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order
+        self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
+        self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
         for k, p in enumerate(self._pairs.tolist()):
             self._scheduler.last_refresh_ns[k] = old.get(tuple(p), -1)
 
-    def _channel(self, name: str) -> _Channel | None:
+    def _next_pairs(self) -> np.ndarray:
+        """The scheduler's stalest-first order, cut to the budgets: pairs among configured channels first (at most
+        ``max_pairs_per_hop``), then at most ``auto_pairs_per_hop`` pairs involving auto-added channels."""
+        order = self._scheduler.next_pairs()
+        budget = self.cfg.max_pairs_per_hop or len(order)
+        prot = self._protected[order]
+        first = order[prot][:budget]
+        rest = order[~prot][: max(0, min(self.cfg.auto_pairs_per_hop, budget - len(first)))]
+        return np.concatenate([first, rest]) if len(rest) else first
+
+    def _channel(self, name: str, n: int) -> _Channel | None:
+        """The channel's state, created on first use when allowed; None (n samples counted by reason) if not."""
         ch = self._channels.get(name)
-        if ch is None:
-            if not self.cfg.auto_add_channels:
-                return None
-            log.info("new channel %r", name)
-            self._add_channel(name)
-            ch = self._channels[name]
-        return ch
+        if ch is not None:
+            return ch
+        cnt = self.counters
+        if not self.cfg.auto_add_channels:
+            cnt.unknown_channel += n  # samples, so every sample is accounted for
+            return None
+        if (why := name_problem(name, self.cfg.max_name_bytes)) is not None:
+            cnt.bad_name += n
+            self._log(logging.WARNING, "bad_name", "refused samples for channel %.80r: %s", name, why)
+            return None
+        if len(self._channels) >= self.cfg.max_channels:
+            cnt.channel_limit += n
+            self._log(logging.WARNING, "channel_limit", "refused new channel %.80r: max_channels (%d) exist",
+                      name, self.cfg.max_channels)  # fmt: skip
+            return None
+        self._log(logging.INFO, "new_channel", "new channel %.80r", name)
+        self._add_channel(name)
+        return self._channels[name]
 
     # -- ingest -------------------------------------------------------------------------------------
     def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
@@ -256,13 +359,17 @@ class Engine:
             self.counters.bad_sample += int(np.size(values)) or 1
             log.debug("bad sample for %r: %s", channel, exc)
             return 0
-        ch = self._channel(channel)
+        ch = self._channel(channel, len(t_ns))
         if ch is None:
-            self.counters.unknown_channel += len(t_ns)  # samples, so every sample is accounted for
             return 0
-        accepted = ch.buffer.push_many(t_ns, vals)
+        now_ns = time.time_ns()  # the receive clock
+        max_t_ns = None if self.cfg.max_future_s is None else now_ns + round(self.cfg.max_future_s * 1e9)
+        accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
         if accepted:
-            self._advance(int(ch.buffer.last_t_ns or 0), int(t_ns[0]))
+            newest = int(ch.buffer.last_t_ns or 0)
+            if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
+                newest = min(newest, now_ns)
+            self._advance(newest, int(t_ns[0]))
         return accepted
 
     def _advance(self, t_ns: int, t_first_ns: int) -> None:
@@ -304,7 +411,7 @@ class Engine:
         t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
-        pick = self._scheduler.next_pairs()
+        pick = self._next_pairs()
         pairs = self._pairs[pick]
         i, j = pairs[:, 0], pairs[:, 1]
         coverage = (valid[i] & valid[j]).mean(axis=1)
@@ -365,12 +472,23 @@ class Engine:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="streamcorr-engine")
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop evaluating: a hop in progress ends at its next model batch; returns within about timeout_s even if
+        the hop does not (its thread then finishes on its own and its result is discarded)."""
+        if self._task is None:
+            return
+        self._stopping.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(self._task, timeout_s)
+        self._task = None
+        deadline = time.monotonic() + timeout_s
+        while self._hop_running.is_set() and time.monotonic() < deadline:  # the thread outlives its task
+            await asyncio.sleep(0.01)
+        if self._hop_running.is_set():
+            log.warning("a hop still running after %.1f s was abandoned at stop", timeout_s)
+        else:
+            self._stopping.clear()
 
     def _due_end_tick(self) -> int | None:
         if self._next_end_tick is None or self._stream_ns is None:
@@ -395,7 +513,7 @@ class Engine:
                 self._busy = True
                 t0 = time.perf_counter()
                 try:
-                    snap, events = await loop.run_in_executor(None, self.evaluate, end)
+                    snap, events = await loop.run_in_executor(None, self._hop, end)
                     self.counters.last_hop_s = time.perf_counter() - t0
                 except Exception:  # a failed hop must not kill the engine
                     log.exception("evaluation of the window ending at %d ns failed", end)
@@ -408,6 +526,14 @@ class Engine:
                 for ev in events:
                     for eq in self._event_queues:
                         self._offer(eq, ev, "events_dropped")
+
+    def _hop(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
+        """evaluate() in the worker thread, flagged so that stop() can tell when the thread is done."""
+        self._hop_running.set()
+        try:
+            return self.evaluate(end_tick)
+        finally:
+            self._hop_running.clear()
 
     async def flush(self, poll_s: float = 0.002) -> None:
         """Wait until every window that is due has been evaluated and published (replay, tests)."""

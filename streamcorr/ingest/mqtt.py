@@ -6,10 +6,11 @@ connection it waits a jittered, growing delay and connects again with a fresh cl
 ``connects``, ``disconnects`` and ``connect_failures``. Messages published while no connection is up are
 lost at QoS 0 (with QoS 1/2 and a fixed ``client_id`` the broker may keep them for the session).
 
-Backpressure: received messages wait in a queue of ``queue_size`` messages. When it is full the arriving
-message is discarded undecoded and counted in ``counters.queue_full`` (aiomqtt alone would only log a
-warning). The queue bounds memory at ``queue_size`` times the broker's largest message (Mosquitto's
-``message_size_limit``; set it, as the MQTT maximum is 256 MiB).
+Backpressure: received messages wait in a queue of at most ``queue_size`` messages and ``queue_bytes``
+bytes (topics and payloads). When either is reached the arriving message is discarded undecoded and
+counted in ``counters.queue_full`` (aiomqtt alone would only log a warning). Memory held for one message
+beyond that is the broker's largest message (Mosquitto's ``message_size_limit``; set it, as the MQTT
+maximum is 256 MiB).
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ def jittered_backoff(min_s: float, max_s: float, rng: random.Random | None = Non
         delay = min(max_s, delay * 2)
 
 
+def _message_bytes(message: aiomqtt.Message) -> int:
+    """Bytes a received message holds: its payload and its topic."""
+    payload = message.payload
+    size = len(payload) if isinstance(payload, bytes | bytearray) else 64
+    return size + len(message.topic.value)
+
+
 def check_topic_filter(topic: str) -> None:
     """Raise ConfigError unless topic is a valid MQTT subscription filter (``+`` and ``#`` as whole levels)."""
     if not isinstance(topic, str) or not topic or "\0" in topic or len(topic.encode()) > 65535:
@@ -129,6 +137,7 @@ class MqttSource:
         decoder: PayloadDecoder,
         sink: Sink,
         queue_size: int = 10_000,
+        queue_bytes: int = 64 << 20,
     ) -> None:
         if not topics:
             raise ConfigError("topics is empty; give at least one MQTT topic filter, e.g. 'sensors/#'")
@@ -138,6 +147,8 @@ class MqttSource:
             raise ConfigError(f"MQTT qos must be 0, 1 or 2; got {settings.qos}")
         if queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1 message; got {queue_size}")
+        if queue_bytes < 1:
+            raise ConfigError(f"queue_bytes must be >= 1 byte; got {queue_bytes}")
         if not 0 < settings.reconnect_min_s <= settings.reconnect_max_s:
             raise ConfigError(
                 f"need 0 < reconnect_min_s <= reconnect_max_s; got {settings.reconnect_min_s}, "
@@ -148,6 +159,7 @@ class MqttSource:
         self.decoder = decoder
         self.sink = sink
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
         self.counters: IngestCounters = decoder.counters  # one ledger: decode drops and transport stats
         self.connected = False
         self._queue: asyncio.Queue[aiomqtt.Message] | None = None
@@ -228,13 +240,23 @@ class MqttSource:
         class _CountingQueue(asyncio.Queue[aiomqtt.Message]):
             def __init__(self, maxsize: int = 0) -> None:
                 super().__init__(maxsize=source.queue_size)
+                self.nbytes = 0
                 source._queue = self
 
             def put_nowait(self, item: aiomqtt.Message) -> None:
-                if self.full():  # drop the arriving message: the queue holds the oldest, already in order
+                size = _message_bytes(item)
+                # drop the arriving message: the queue holds the oldest, already in order
+                if self.full() or (self.nbytes + size > source.queue_bytes and not self.empty()):
                     source.counters.queue_full += 1
-                    source._rate_log(logging.WARNING, "queue_full", "incoming queue full (%d)", self.maxsize)
+                    source._rate_log(logging.WARNING, "queue_full", "incoming queue full (%d messages, %d bytes)",
+                                     self.qsize(), self.nbytes)  # fmt: skip
                     return
                 super().put_nowait(item)
+                self.nbytes += size
+
+            def get_nowait(self) -> aiomqtt.Message:
+                item = super().get_nowait()
+                self.nbytes -= _message_bytes(item)
+                return item
 
         return _CountingQueue

@@ -37,17 +37,27 @@ integer too large to convert is dropped ("range").
 
 Channel names come from ``channel_template``, a ``str.format`` template over ``{topic}`` (the whole topic),
 ``{topic[0]}``, ``{topic[1]}``, ... (its ``/``-separated levels; ``{topic[-1]}`` is the last) and ``{key}``
-(the field name). Topic ``robot/arm/imu1`` with ``"{topic[2]}.{key}"`` gives ``imu1.ax``.
+(the field name). Topic ``robot/arm/imu1`` with ``"{topic[2]}.{key}"`` gives ``imu1.ax``. The name must
+follow the channel-name rule of :mod:`streamcorr.names` (valid UTF-8, printable, 1 to ``max_name_bytes``
+bytes; 256 by default), and a topic may be at most ``max_topic_bytes`` (1024 by default) UTF-8 bytes.
+
+Memory: the decoder remembers the channel name of each (topic, field) and the last ``seq`` of each topic;
+both caches are bounded in bytes (``CACHE_BYTES`` each, counting topics, keys and names) and are cleared
+when full, which only costs the next messages a fresh lookup (and a ``seq`` gap cannot be seen across a
+clear).
 
 Drop reasons (items counted, each under the first reason that applies)
 --------------------------------------------------------------------
 Whole messages whose item count cannot be known count as one: ``oversize`` (more than
-``max_payload_bytes``), ``empty`` (zero bytes, or nothing in it to decode), ``decode`` (not valid in the
-format), ``schema`` (parsed, but neither a number nor an object; or ``channels`` is not a non-empty object).
+``max_payload_bytes``), ``topic`` (a topic longer than ``max_topic_bytes``), ``empty`` (zero bytes, or
+nothing in it to decode), ``decode`` (not valid in the format), ``schema`` (parsed, but neither a number
+nor an object; or ``channels`` is not a non-empty object).
 Per item: ``schema`` (a chunk without usable timing; an unknown or misused top-level key of a chunk; a bad
 ``seq``), ``key`` (a field name that is not a string), ``template`` (the topic lacks a level the template
-needs, or the name is empty), ``type`` (a value that is not a number: string, bool, nested object, or an
-array that is neither a list nor whole float64 bytes -- counted as one), ``range`` (integer beyond float64),
+needs, or the name is empty), ``name`` (the channel name breaks the channel-name rule: invalid UTF-8 such
+as a lone surrogate, a control or other unprintable character, or longer than ``max_name_bytes``),
+``type`` (a value that is not a number: string, bool, nested object, or an array that is neither a list
+nor whole float64 bytes -- counted as one), ``range`` (integer beyond float64),
 ``length`` (a channel array whose length differs from ``t``), ``time`` (its time is missing, not a number,
 not finite or out of range), ``too_many_samples`` (the message holds more than ``max_samples_per_message``:
 all its samples).
@@ -65,6 +75,7 @@ import msgpack
 import numpy as np
 
 from ..errors import ConfigError
+from ..names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .source import Batch, IngestCounters, RateLimitedLog
 
 __all__ = ["Batch", "PayloadDecoder"]
@@ -78,7 +89,10 @@ MAX_ABS_T_S = 9e9  # the engine refuses |t| > 9e18 ns (int64 nanoseconds end at 
 _MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _FIELD = re.compile(r"^(?:key|topic(?:\[-?\d+\])?)$")
 _MISSING = object()
-_CACHE_MAX = 65_536  # (topic, key) -> channel names remembered; cleared when full
+_CACHE_MAX = 65_536  # entries per cache (names, seq numbers); cleared when full
+CACHE_BYTES = 4 << 20  # bytes per cache (topics, keys and names counted); cleared when over
+_ENTRY_BYTES = 200  # a cache entry's overhead beyond its strings (dict slot, tuple, str headers)
+MAX_TOPIC_BYTES = 1024
 
 
 class _Topic:
@@ -123,6 +137,8 @@ class PayloadDecoder:
         max_payload_bytes: int = 1 << 20,
         max_samples_per_message: int = 100_000,
         seq_field: str | None = "seq",
+        max_name_bytes: int = MAX_NAME_BYTES,
+        max_topic_bytes: int = MAX_TOPIC_BYTES,
         counters: IngestCounters | None = None,
     ) -> None:
         if format not in ("auto", "json", "msgpack", "number"):
@@ -137,6 +153,9 @@ class PayloadDecoder:
         if not time_field or time_field in ("t0", "dt", "channels") or time_field == seq_field:
             raise ConfigError(f"time_field {time_field!r} is empty or clashes with a reserved name")
         _check_template(channel_template)
+        check_max_name_bytes(max_name_bytes)
+        if isinstance(max_topic_bytes, bool) or not isinstance(max_topic_bytes, int) or not max_topic_bytes >= 1:
+            raise ConfigError(f"max_topic_bytes must be a positive integer; got {max_topic_bytes!r}")
         self.format = format
         self.channel_template = channel_template
         self.time_field = time_field
@@ -146,8 +165,12 @@ class PayloadDecoder:
         self.seq_field = seq_field
         self.counters = counters if counters is not None else IngestCounters()
         self._reserved = {time_field, "t0", "dt", "channels"} | ({seq_field} if seq_field else set())
-        self._names: dict[tuple[str, str], str | None] = {}
+        self.max_name_bytes = max_name_bytes
+        self.max_topic_bytes = max_topic_bytes
+        self._names: dict[tuple[str, str], tuple[str | None, str]] = {}  # -> (name, "" | drop reason)
+        self._names_bytes = 0
         self._last_seq: dict[str, int] = {}
+        self._seq_bytes = 0
         self._rate_log = RateLimitedLog(log)
         self._msg_drops = 0  # items dropped in the message being decoded
 
@@ -160,6 +183,8 @@ class PayloadDecoder:
             return self._reject(topic, "oversize", f"{len(payload)} bytes > max_payload_bytes")
         if len(payload) == 0:
             return self._reject(topic, "empty", "zero-length payload")
+        if len(topic) > self.max_topic_bytes or len(topic.encode("utf-8", "surrogatepass")) > self.max_topic_bytes:
+            return self._reject(topic[:64], "topic", f"topic longer than max_topic_bytes ({self.max_topic_bytes})")
         try:
             obj = self._parse(bytes(payload))
         except Exception as exc:  # any parser failure (ValueError, RecursionError, msgpack errors) is "decode"
@@ -176,18 +201,32 @@ class PayloadDecoder:
         return out
 
     def channel(self, topic: str, key: str) -> str | None:
-        """The channel name for a topic and field, or None where the template cannot be filled."""
+        """The channel name for a topic and field, or None where the template cannot be filled or the name
+        breaks the channel-name rule."""
+        return self._resolve(topic, key)[0]
+
+    def _resolve(self, topic: str, key: str) -> tuple[str | None, str]:
+        """(name, "") or (None, drop reason: "template" or "name"), remembered in a byte-bounded cache."""
         cache_key = (topic, key)
-        name = self._names.get(cache_key, _MISSING)
-        if name is _MISSING:
-            try:
-                name = self.channel_template.format(topic=_Topic(topic), key=key) or None
-            except (IndexError, ValueError, KeyError):
-                name = None
-            if len(self._names) >= _CACHE_MAX:
-                self._names.clear()
-            self._names[cache_key] = name
-        return name  # type: ignore[return-value]
+        hit = self._names.get(cache_key)
+        if hit is not None:
+            return hit
+        try:
+            name: str | None = self.channel_template.format(topic=_Topic(topic), key=key) or None
+        except (IndexError, ValueError, KeyError):
+            name = None
+        out: tuple[str | None, str] = (None, "template")
+        if name is not None:
+            out = (name, "") if name_problem(name, self.max_name_bytes) is None else (None, "name")
+        size = len(topic) + len(key) + len(out[0] or "") + _ENTRY_BYTES
+        if size > CACHE_BYTES // 16:  # a huge key (refused, most likely) is not worth a slot
+            return out
+        if len(self._names) >= _CACHE_MAX or self._names_bytes + size > CACHE_BYTES:
+            self._names.clear()
+            self._names_bytes = 0
+        self._names[cache_key] = out
+        self._names_bytes += size
+        return out
 
     # -- parsing ----------------------------------------------------------------------------------
     def _parse(self, payload: bytes) -> Any:
@@ -242,8 +281,12 @@ class PayloadDecoder:
                 self.counters.seq_gaps += seq - last - 1
             elif seq <= last:
                 self.counters.seq_resets += 1
-        elif len(self._last_seq) >= _CACHE_MAX:
-            self._last_seq.clear()
+        else:
+            size = len(topic) + _ENTRY_BYTES
+            if len(self._last_seq) >= _CACHE_MAX or self._seq_bytes + size > CACHE_BYTES:
+                self._last_seq.clear()
+                self._seq_bytes = 0
+            self._seq_bytes += size
         self._last_seq[topic] = seq
 
     def _fields(self, topic: str, fields: dict[Any, Any], arrival_s: float, t_raw: Any = _MISSING) -> list[Batch]:
@@ -263,9 +306,9 @@ class PayloadDecoder:
             if not isinstance(key, str):
                 self._drop(topic, "key", f"field name {key!r:.40} is not a string")
                 continue
-            name = self.channel(topic, key)
+            name, why = self._resolve(topic, key)
             if name is None:
-                self._drop(topic, "template", f"{self.channel_template!r} with key {key!r:.40}")
+                self._drop(topic, why, f"{self.channel_template!r} with key {key!r:.40}")
                 continue
             value, reason = _value(raw)
             if reason:
@@ -293,9 +336,9 @@ class PayloadDecoder:
             if not isinstance(key, str):
                 self._drop(topic, "key", f"channel name {key!r:.40} is not a string", count)
                 continue
-            name = self.channel(topic, key)
+            name, why = self._resolve(topic, key)
             if name is None:
-                self._drop(topic, "template", f"{self.channel_template!r} with key {key!r:.40}", count)
+                self._drop(topic, why, f"{self.channel_template!r} with key {key!r:.40}", count)
                 continue
             if n is None:
                 self._drop(topic, "type", f"channel {key!r:.40} is {type(arr).__name__}, not an array")

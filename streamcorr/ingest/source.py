@@ -9,7 +9,13 @@ The ledger is exact. For one source (one decoder):
   bug, logged with its traceback);
 * ``samples_decoded`` = ``samples_handed`` (every decoded sample goes to the sink);
 * ``samples_handed`` = ``samples_accepted`` + ``samples_rejected`` (the engine counts its own reasons:
-  late, duplicate, non-finite, unknown channel).
+  late, duplicate, non-finite, future (stamped more than ``max_future_s`` ahead of the receive clock),
+  unknown channel, bad name and channel limit: see ``Engine.sample_drops``).
+
+Channel names are checked at the door: the decoder refuses (reason ``name``) any name that is not valid
+UTF-8, has an unprintable character or is longer than ``max_name_bytes`` (the rule in
+:mod:`streamcorr.names`), and topics longer than ``max_topic_bytes`` (reason ``topic``). So no name that
+reaches an output can fail to encode, and names cost bounded bytes in every snapshot.
 """
 
 from __future__ import annotations

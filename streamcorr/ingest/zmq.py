@@ -9,10 +9,14 @@ sessions from the socket monitor.
 Backpressure: libzmq queues at most ``rcvhwm`` messages. PUSH -> PULL blocks the sender when full (nothing
 is lost); PUB -> SUB drops at the publisher or receiver **silently**: publishers that need to know add an
 integer ``seq`` field to each payload (incremented per message and topic), and the decoder counts the
-missing ones in ``counters.seq_gaps``. Messages larger than ``max_message_bytes`` (default: twice the
-decoder's ``max_payload_bytes``) make libzmq drop the peer's connection (it reconnects; counted in
-``disconnects``), so queued memory stays below ``rcvhwm * max_message_bytes``; messages between the
-decoder's limit and this one are counted as "oversize".
+missing ones in ``counters.seq_gaps``. A frame larger than ``max_message_bytes`` (default: twice the
+decoder's ``max_payload_bytes``) makes libzmq drop the peer's connection (it reconnects; counted in
+``disconnects``). Messages are read frame by frame and at most two frames are kept, so a message of many
+frames costs this process one frame at a time: it is counted as "frames", and a two-frame message over
+``max_message_bytes`` in all (topic and payload together) as "oversize"; a topic frame longer than the
+decoder's ``max_topic_bytes`` is a "topic" drop. (libzmq itself holds a multipart message whole until its
+last frame arrives, with no bound on the frame count: a peer that can reach the socket can make it hold
+that much; bind to 127.0.0.1 or a private network.)
 """
 
 from __future__ import annotations
@@ -133,14 +137,14 @@ class ZmqSource:
             log.info("zmq %s %s %s", self.mode, "bound to" if self.bind else "connected to", self.endpoint)
             self.ready.set()
             while True:
-                batches = self._decode(await sock.recv_multipart())
+                batches = self._decode(*await self._recv(sock))
                 try:
                     for _ in range(_BATCH_MAX - 1):  # take what is queued, then call the sink once per channel
                         try:
-                            frames = await sock.recv_multipart(flags=zmq.NOBLOCK)
+                            received = await self._recv(sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        batches += self._decode(frames)
+                        batches += self._decode(*received)
                 finally:  # even if cancelled meanwhile: what was decoded is delivered
                     deliver(merge(batches), self.sink, self.counters, self._rate_log)
                 await asyncio.sleep(0)  # a ready message never suspends: give the loop a turn per batch
@@ -172,16 +176,39 @@ class ZmqSource:
                 where = event["endpoint"].decode(errors="replace")
                 self._rate_log(logging.WARNING, "disconnect", "zmq peer disconnected (%s)", where)
 
-    def _decode(self, frames: list[bytes]) -> list[Batch]:
-        if len(frames) == 1:
-            topic_bytes, payload = b"", frames[0]
-        elif len(frames) == 2:
-            topic_bytes, payload = frames
-        else:
+    async def _recv(self, sock: zmq.asyncio.Socket, flags: int = 0) -> tuple[list[bytes], int, int]:
+        """One message: (its first two frames, its frame count, its bytes in all), read frame by frame so that a
+        message of many frames never sits in this process whole. zmq.Again (with NOBLOCK) if none is waiting."""
+        frame = await sock.recv(flags, copy=False)
+        kept, count, total = [frame], 1, len(frame)
+        while frame.more:  # the rest of a multipart message is already here (libzmq delivers them whole)
+            frame = await sock.recv(copy=False)
+            count += 1
+            total += len(frame)
+            if count <= 2 and total <= self.max_message_bytes:
+                kept.append(frame)
+            elif len(kept) > 0 and (count > 2 or total > self.max_message_bytes):
+                kept.clear()  # release what was kept: this message is dropped whole
+        return [f.bytes for f in kept], count, total
+
+    def _decode(self, frames: list[bytes], count: int | None = None, total: int = 0) -> list[Batch]:
+        count = len(frames) if count is None else count
+        reason = ""
+        if count > 2:
+            reason, detail = "frames", f"a {count}-frame message ({total} bytes; want [topic, payload])"
+        elif total > self.max_message_bytes:
+            reason, detail = "oversize", f"a {total}-byte message > max_message_bytes ({self.max_message_bytes})"
+        elif count == 2 and len(frames[0]) > self.decoder.max_topic_bytes:
+            reason, detail = "topic", f"a {len(frames[0])}-byte topic > max_topic_bytes"
+        if reason:
             self.counters.messages += 1
-            self.counters.drop("frames")
-            self._rate_log(logging.WARNING, "frames", "dropped a %d-frame message (want [topic, payload])", len(frames))
+            self.counters.drop(reason)
+            self._rate_log(logging.WARNING, reason, "dropped %s", detail)
             return []
+        if count == 1:
+            topic_bytes, payload = b"", frames[0]
+        else:
+            topic_bytes, payload = frames
         try:
             topic = topic_bytes.decode()
         except UnicodeDecodeError:

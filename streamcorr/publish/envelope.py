@@ -100,6 +100,7 @@ _MATRIX_DTYPE = "<f4"  # float32 keeps NaN and inf, halves the bytes; MI needs n
 _READ_DTYPES = ("<f4", "<f8")
 _CHANGES = frozenset(get_args(EventKind))
 _UINT64_MAX = 2**64 - 1
+_SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -184,7 +185,19 @@ def check_snapshot(snap: Snapshot) -> int:
     """Raise InputError unless the snapshot can be encoded; returns its channel count N."""
     n = len(snap.channels)
     if len(set(snap.channels)) != n:
-        raise InputError(f"snapshot channels must be unique; got {list(snap.channels)}")
+        raise InputError(f"snapshot channels must be unique; got {n} names, some repeated")
+    names_bytes = 0
+    for name in snap.channels:
+        if not isinstance(name, str):
+            raise InputError(f"snapshot channel names must be strings; got {type(name).__name__}")
+        try:
+            names_bytes += len(name.encode("utf-8")) + 5  # msgpack str header: at most 5 bytes
+        except UnicodeEncodeError as exc:
+            raise InputError(f"snapshot channel name {name!r:.80} is not valid UTF-8: {exc.reason}") from None
+    size = 3 * 4 * n * n + names_bytes + _SNAPSHOT_OVERHEAD
+    if size > MAX_ENVELOPE_BYTES:
+        msg = f"a snapshot of {n} channels ({names_bytes} bytes of names) would exceed {MAX_ENVELOPE_BYTES} bytes"
+        raise InputError(msg + "; lower channels.max_channels or channels.max_name_bytes")
     for name in ("mi", "age_s", "coverage"):
         shape = np.shape(getattr(snap, name))
         if shape != (n, n):

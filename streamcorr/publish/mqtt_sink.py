@@ -116,8 +116,13 @@ class MqttPublisher:
 
     async def publish_snapshot(self, snap: Snapshot) -> None:
         """Queue a snapshot, replacing (and counting as dropped) one not yet sent. Raises InputError if it
-        cannot be encoded."""
-        check_snapshot(snap)
+        cannot be encoded (counted in ``counters.dropped`` and logged, too)."""
+        try:
+            check_snapshot(snap)
+        except StreamcorrError as exc:
+            self.counters.dropped["snapshot"] += 1
+            self._warn.warning("encode", "snapshot not encodable, dropped: %s", exc)
+            raise
         if self._refuse("snapshot"):
             return
         if self._snapshot is not None:
@@ -154,7 +159,11 @@ class MqttPublisher:
         if self._status is not None:
             state, counters = self._status
             self._status = None
-            payload = encode_status(state, counters, seq=self._seq["status"] + 1, t_ns=self._last_t_ns)
+            try:
+                payload = encode_status(state, counters, seq=self._seq["status"] + 1, t_ns=self._last_t_ns)
+            except Exception as exc:  # an unencodable message is dropped and counted, never the end of the sink
+                self._unencodable("status", exc)
+                return True
             try:
                 await client.publish(self.topics["status"], payload, qos=qos, retain=True)
             except BaseException:
@@ -166,7 +175,12 @@ class MqttPublisher:
         if self._events:
             ev = self._events.popleft()
             try:
-                await client.publish(self.topics["event"], encode_event(ev, seq=self._seq["event"] + 1), qos=qos)
+                event = encode_event(ev, seq=self._seq["event"] + 1)
+            except Exception as exc:
+                self._unencodable("event", exc)
+                return True
+            try:
+                await client.publish(self.topics["event"], event, qos=qos)
             except BaseException:
                 if len(self._events) < self.queue_size:
                     self._events.appendleft(ev)
@@ -188,9 +202,8 @@ class MqttPublisher:
             pairs = None
             if self.top_k is not None or self.threshold is not None:
                 pairs = encode_snapshot(snap, seq=seq, top_k=self.top_k, threshold=self.threshold, pairs_only=True)
-        except StreamcorrError as exc:  # checked at enqueue; a snapshot mutated since then lands here
-            self.counters.dropped["snapshot"] += 1
-            self._warn.warning("encode", "snapshot not encodable, dropped: %s", exc)
+        except Exception as exc:  # checked at enqueue; a snapshot mutated since then lands here
+            self._unencodable("snapshot", exc)
             return
         try:
             await client.publish(self.topics["snapshot"], payload, qos=self.settings.qos, retain=self.retain_snapshot)
@@ -217,6 +230,10 @@ class MqttPublisher:
     def _backoff(self) -> Iterator[float]:
         return jittered_backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
 
+    def _unencodable(self, stream: str, exc: Exception) -> None:
+        self.counters.dropped[stream] += 1
+        self._warn.warning(f"encode:{stream}", "MQTT %s not encodable, dropped: %s", stream, exc)
+
     async def run(self) -> None:
         """Hold the connection and send the outbox until :meth:`close` (or cancellation)."""
         me = asyncio.current_task()
@@ -242,7 +259,7 @@ class MqttPublisher:
                     self.counters.disconnects += 1
                     log.info("MQTT publisher closed (%s)", where)
                     return
-                except (aiomqtt.MqttError, OSError) as exc:
+                except Exception as exc:  # MqttError, OSError, or a bug: logged and counted, then a new connection
                     self._connected.clear()
                     if up:
                         self.counters.disconnects += 1
@@ -257,6 +274,9 @@ class MqttPublisher:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._closing.wait(), delay)
         finally:
+                    if not isinstance(exc, aiomqtt.MqttError | OSError):
+                        self._warn(logging.ERROR, "bug", "MQTT publisher failed on %s; reconnecting", where,
+                                   exc_info=True)  # fmt: skip
             self._connected.clear()
 
     async def _session(self, client: aiomqtt.Client, online_seq: int, offline_seq: int) -> None:

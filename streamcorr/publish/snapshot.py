@@ -30,11 +30,15 @@ class MatrixState:
         self.seq = 0
 
     def add_channel(self, name: str) -> None:
-        n = len(self.channels)
-        self.channels.append(name)
+        self.add_channels([name])
+
+    def add_channels(self, names: list[str]) -> None:
+        """Append channels, growing each matrix once for all of them."""
+        n, k = len(self.channels), len(names)
+        self.channels.extend(names)
         for attr, fill in (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1)):
             old = getattr(self, attr)
-            new = np.full((n + 1, n + 1), fill, dtype=old.dtype)
+            new = np.full((n + k, n + k), fill, dtype=old.dtype)
             new[:n, :n] = old
             setattr(self, attr, new)
 

@@ -5,6 +5,10 @@ Each message is two frames, ``[topic, envelope]``. PUB never blocks: a subscribe
 ``seq``. The cache is a REP socket on ``snapshot_endpoint``: any request (up to 4 KiB) is answered
 with the frames ``[topic, envelope, topic, envelope, ...]`` of the newest snapshot, pairs list and
 status, or one empty frame before anything was published.
+
+A message that cannot be encoded (a snapshot over the envelope limit, say) is counted in
+``counters.dropped``, logged (rate-limited) and raised as ``InputError`` to the caller; the publisher
+goes on with the next message.
 """
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import zmq
 import zmq.asyncio
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
 from .changes import ChangeEvent
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
@@ -185,13 +189,23 @@ class ZmqPublisher:
         self._latest[stream] = payload
         return True
 
+    def _encode(self, stream: str, make: Callable[[], bytes]) -> bytes:
+        """make(), or: count the message as dropped, log it (rate-limited) and raise InputError."""
+        try:
+            return make()
+        except Exception as exc:  # InputError, and anything else msgpack may raise on a value
+            self.counters.dropped[stream] += 1
+            self._warn.warning(f"encode:{stream}", "ZeroMQ %s not encodable, dropped: %s", stream, exc)
+            raise InputError(f"{stream} not encodable: {exc}") from exc
+
     async def publish_snapshot(self, snap: Snapshot) -> None:
         """Send a snapshot (and its pair list, when configured); raises InputError if it cannot be encoded."""
         seq = self._seq["snapshot"] + 1
-        payload = encode_snapshot(snap, seq=seq)
+        payload = self._encode("snapshot", lambda: encode_snapshot(snap, seq=seq))
         pairs = None
         if self.pairs_enabled:
-            pairs = encode_snapshot(snap, seq=seq, top_k=self.top_k, threshold=self.threshold, pairs_only=True)
+            pairs = self._encode("pairs", lambda: encode_snapshot(
+                snap, seq=seq, top_k=self.top_k, threshold=self.threshold, pairs_only=True))  # fmt: skip
         if await self._send("snapshot", payload, seq):
             self.counters.publish_lag_s = (time.time_ns() - snap.wall_ns) / 1e9
             self._last_t_ns = snap.t_ns
@@ -201,12 +215,13 @@ class ZmqPublisher:
     async def publish_event(self, ev: ChangeEvent) -> None:
         """Send a change event; raises InputError if it cannot be encoded."""
         seq = self._seq["event"] + 1
-        await self._send("event", encode_event(ev, seq=seq), seq)
+        await self._send("event", self._encode("event", lambda: encode_event(ev, seq=seq)), seq)
 
     async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
         """Send a status ("online" | "offline") with a map of counters; also kept for late joiners."""
         seq = self._seq["status"] + 1
-        await self._send("status", encode_status(state, counters, seq=seq, t_ns=self._last_t_ns), seq)
+        payload = self._encode("status", lambda: encode_status(state, counters, seq=seq, t_ns=self._last_t_ns))
+        await self._send("status", payload, seq)
 
     def __repr__(self) -> str:
         lag = "" if math.isnan(self.counters.publish_lag_s) else f", lag {self.counters.publish_lag_s:.3f} s"
