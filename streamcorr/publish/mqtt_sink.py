@@ -222,6 +222,10 @@ class MqttPublisher:
                 raise
             self.counters.sent["pairs"] += 1
 
+    def _unencodable(self, stream: str, exc: Exception) -> None:
+        self.counters.dropped[stream] += 1
+        self._warn.warning(f"encode:{stream}", "MQTT %s not encodable, dropped: %s", stream, exc)
+
     def _sent(self, stream: str) -> None:
         self._seq[stream] += 1
         self.counters.sent[stream] += 1
@@ -229,10 +233,6 @@ class MqttPublisher:
     # -- the connection ------------------------------------------------------------------------------
     def _backoff(self) -> Iterator[float]:
         return jittered_backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
-
-    def _unencodable(self, stream: str, exc: Exception) -> None:
-        self.counters.dropped[stream] += 1
-        self._warn.warning(f"encode:{stream}", "MQTT %s not encodable, dropped: %s", stream, exc)
 
     async def run(self) -> None:
         """Hold the connection and send the outbox until :meth:`close` (or cancellation)."""
@@ -261,6 +261,9 @@ class MqttPublisher:
                     return
                 except Exception as exc:  # MqttError, OSError, or a bug: logged and counted, then a new connection
                     self._connected.clear()
+                    if not isinstance(exc, aiomqtt.MqttError | OSError):
+                        self._warn(logging.ERROR, "bug", "MQTT publisher failed on %s; reconnecting", where,
+                                   exc_info=True)  # fmt: skip
                     if up:
                         self.counters.disconnects += 1
                         log.warning("MQTT publisher lost %s: %s; reconnecting", where, exc)
@@ -274,9 +277,6 @@ class MqttPublisher:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._closing.wait(), delay)
         finally:
-                    if not isinstance(exc, aiomqtt.MqttError | OSError):
-                        self._warn(logging.ERROR, "bug", "MQTT publisher failed on %s; reconnecting", where,
-                                   exc_info=True)  # fmt: skip
             self._connected.clear()
 
     async def _session(self, client: aiomqtt.Client, online_seq: int, offline_seq: int) -> None:
