@@ -117,6 +117,7 @@ class EngineCounters:
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_name: int = 0  # samples for a name that breaks the channel-name rule
     channel_limit: int = 0  # samples for new names refused because max_channels exist
+    future: int = 0  # samples for a new name, all stamped beyond max_future_s (known channels count their own)
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
     events_dropped: int = 0
@@ -261,6 +262,7 @@ class Engine:
         out |= {"bad_name": c.bad_name, "channel_limit": c.channel_limit}
         for reason in per_channel:
             out[reason] = sum(getattr(cc, reason) for cc in self.channel_counters().values())
+        out["future"] += c.future
         return out
 
     def channel_counters(self) -> dict[str, ChannelCounters]:
@@ -359,11 +361,14 @@ class Engine:
             self.counters.bad_sample += int(np.size(values)) or 1
             log.debug("bad sample for %r: %s", channel, exc)
             return 0
+        now_ns = time.time_ns()  # the receive clock
+        max_t_ns = None if self.cfg.max_future_s is None else now_ns + round(self.cfg.max_future_s * 1e9)
+        if max_t_ns is not None and channel not in self._channels and (t_ns > max_t_ns).all():
+            self.counters.future += len(t_ns)  # a new name whose samples are all refused takes no channel slot
+            return 0
         ch = self._channel(channel, len(t_ns))
         if ch is None:
             return 0
-        now_ns = time.time_ns()  # the receive clock
-        max_t_ns = None if self.cfg.max_future_s is None else now_ns + round(self.cfg.max_future_s * 1e9)
         accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
         if accepted:
             newest = int(ch.buffer.last_t_ns or 0)
