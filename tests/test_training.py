@@ -88,6 +88,7 @@ def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
     assert train_main([str(path), "--device", "cpu", "--max-minutes", "0.45", "--out", str(tmp_path / "b")]) == 0
     assert time.perf_counter() - t0 < 0.45 * 60 + 15
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+        "best.safetensors",
         "config.yaml",
         "eval.csv",
         "loss.csv",

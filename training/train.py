@@ -5,8 +5,9 @@
 
 Without --out, writes training/runs/<name>/: checkpoint.pt (model, optimiser,
 step; resumed when present), loss.csv, eval.csv, config.yaml, model.safetensors.
-With --out DIR, writes only DIR/model.safetensors, loss.csv, eval.csv,
-config.yaml: no pickled optimiser state and no resume. Weights are saved every
+With --out DIR, writes only DIR/model.safetensors, best.safetensors (the
+evaluated snapshot with the smallest worst per-family validation MAE ratio to
+the start), loss.csv, eval.csv, config.yaml: no pickled optimiser state, no resume. Weights are saved every
 ``save_every_s`` seconds and at the end, with the model and data config (tie
 policy included) in the safetensors metadata. ``init`` in the config (or
 --init) starts from shipped weights. With --max-minutes, the learning-rate
@@ -192,17 +193,28 @@ def main(argv: list[str] | None = None) -> int:
     eval_w = csv.writer(eval_f)
     save_every_s = float(cfg.get("save_every_s", 60.0))
 
+    first: dict[str, float] = {}
+    best = [math.inf]
+
     def log_eval() -> None:
+        """Validation metrics; with --out, best.safetensors keeps the snapshot whose worst per-family
+        MAE ratio to the first evaluation (the init weights when fine-tuning) is smallest."""
         ev = evaluate(model, val)
+        fams = [k for k, v in ev.items() if k.startswith("mae_") and np.isfinite(v)]
+        first.update({k: ev[k] for k in fams if k not in first})
+        ev["worst_ratio"] = max(ev[k] / max(first[k], 1e-6) for k in fams)
         if eval_f.tell() == 0:
             eval_w.writerow(["step", "wall_s", *ev])
         eval_w.writerow([step, f"{wall:.1f}", *(f"{v:.4f}" for v in ev.values())])
         eval_f.flush()
         print(f"step {step} wall {wall:.0f}s " + " ".join(f"{k}={v:.4f}" for k, v in ev.items()), flush=True)
+        if args.out is not None and ev["worst_ratio"] < best[0]:
+            best[0] = ev["worst_ratio"]
+            save(name="best.safetensors", extra={"worst_ratio": round(ev["worst_ratio"], 4)})
 
-    def save() -> None:
+    def save(name: str = "model.safetensors", extra: dict[str, Any] | None = None) -> None:
         loss_f.flush()
-        if args.out is None:
+        if args.out is None and name == "model.safetensors":
             tmp = run / "checkpoint.tmp"
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
             tmp.replace(ckpt_path)
@@ -216,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
             "run": cfg["name"],
             "init": str(cfg.get("init") or ""),
             "init_run": init_meta.get("run", ""),
+            **(extra or {}),
         }
-        tmp_w = run / "model.tmp.safetensors"
+        tmp_w = run / f"{name}.tmp"
         save_weights(model, tmp_w, meta)
-        tmp_w.replace(run / "model.safetensors")
+        tmp_w.replace(run / name)
 
     t0 = time.perf_counter() - wall
     last_save = time.perf_counter()
@@ -270,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             log_eval()
         if step % cfg["checkpoint_every"] == 0 or time.perf_counter() - last_save >= save_every_s:
             save()
+            if step % cfg["eval_every"]:
+                log_eval()
             last_save = time.perf_counter()
     for w in workers:
         w.terminate()
