@@ -279,11 +279,13 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 
 def _check(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .daemon import engine_config
+    from .daemon import engine_config, exposed_listeners
 
     cfg = load_config(args.config)
     ec = engine_config(cfg)
     print(f"{args.config}: OK")
+    for line in exposed_listeners(cfg):
+        print(f"  warning: listening beyond loopback: {line}")
     for s in cfg.sources:
         where = f"{s.host}:{s.port} topics {', '.join(s.topics)}" if s.type == "mqtt" else f"{s.mode} {s.endpoint}"
         print(f"  source {s.type}: {where}")
@@ -303,7 +305,7 @@ def _run(args: argparse.Namespace) -> int:
     from .daemon import Daemon, setup_logging
 
     cfg = load_config(args.config)
-    setup_logging(cfg.logging.level, cfg.logging.format)
+    setup_logging(cfg.logging.level, cfg.logging.format, cfg.logging.max_repeats_per_10s)
     asyncio.run(Daemon(cfg).run())
     return 0
 

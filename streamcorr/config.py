@@ -192,11 +192,15 @@ class Http(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(9108, ge=0, le=65535)
     web: bool = False  # serve the live web view at /
+    max_connections: int = Field(256, ge=1, le=65_536)  # open at once; more are closed at once
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)  # to send a request's headers (also between requests)
+    snapshot_stale_s: float | None = Field(None, gt=0)  # /healthz: input flowing, no snapshot this long (auto)
 
 
 class Logging(_Strict):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "text"] = "json"
+    max_repeats_per_10s: int = Field(20, ge=1)  # lines per logger and message template; the rest are counted
 
 
 class Config(_Strict):

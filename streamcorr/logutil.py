@@ -6,7 +6,7 @@ import logging
 import math
 import time
 
-__all__ = ["RateLimitedLog"]
+__all__ = ["RateLimitedLog", "RepeatLimitFilter"]
 
 
 class RateLimitedLog:
@@ -40,3 +40,39 @@ class RateLimitedLog:
 
     def warning(self, key: str, msg: str, *args: object) -> bool:
         return self(logging.WARNING, key, msg, *args)
+
+
+class RepeatLimitFilter(logging.Filter):
+    """Bounds log volume whatever logs it (asyncio's accept errors included): per logger and message
+    template, at most ``max_per_window`` lines per ``window_s``; the first line after a quiet spell says how
+    many were held back.
+
+    >>> f = RepeatLimitFilter(max_per_window=2, window_s=60)
+    >>> rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "accept failed: %s", ("EMFILE",), None)
+    >>> [f.filter(rec) for _ in range(4)]
+    [True, True, False, False]
+    """
+
+    def __init__(self, max_per_window: int = 20, window_s: float = 10.0) -> None:
+        super().__init__()
+        self.max_per_window = max_per_window
+        self.window_s = window_s
+        self._state: dict[tuple[str, str], list[float]] = {}  # key -> [window start, lines, held back]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        key = (record.name, str(record.msg)[:200])
+        state = self._state.get(key)
+        if state is None or now - state[0] >= self.window_s:
+            held = int(state[2]) if state is not None else 0
+            if len(self._state) > 4096:  # templates are few; a flood of distinct ones must not grow this
+                self._state.clear()
+            self._state[key] = [now, 1, 0]
+            if held:
+                record.msg = f"{record.msg} ({held} similar lines held back in the previous {self.window_s:g} s)"
+            return True
+        if state[1] < self.max_per_window:
+            state[1] += 1
+            return True
+        state[2] += 1
+        return False

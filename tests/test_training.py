@@ -97,3 +97,33 @@ def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
     est = Estimator(tmp_path / "b" / "model.safetensors")
     assert est.ties == "jitter" and est.meta["init"].endswith("model.safetensors")
     assert np.isfinite(est.estimate(np.arange(100.0) // 10, np.arange(100.0) % 7))
+
+
+def test_symmetries_of_the_square_are_exact_for_histograms():
+    """Transposing and reflecting an item's histograms equals the histograms of the swapped, negated data."""
+    import torch
+
+    from streamcorr.copula import pair_histograms
+    from training.data import window_histograms
+    from training.tasks import Quantiser, quantised_draw
+    from training.train import symmetrise
+
+    rng = np.random.default_rng(7)
+    d = quantised_draw(random_mixture(rng), Quantiser((5, 0), False), rng, 300, 500)
+
+    def pack(window, fresh):
+        h, mx, my = window_histograms(window, 16, "mid")
+        f = pair_histograms(fresh[:, :1].T.copy(), fresh[:, 1:].T.copy(), 16)[0]
+        items = {"hist": h, "mx": mx, "my": my, "fresh": f, "mi": np.float32(0.3)}
+        return {k: torch.from_numpy(np.asarray(v, np.float32))[None] for k, v in items.items()}
+
+    for seed in range(64):  # each of the 8 symmetries is drawn by some seed
+        t, fx, fy = (torch.rand(3, 1, generator=torch.Generator().manual_seed(seed)) < 0.5)[:, 0].tolist()
+        w, f = (d.window[:, ::-1].copy(), d.fresh[:, ::-1].copy()) if t else (d.window.copy(), d.fresh.copy())
+        if fx:
+            w[:, 0], f[:, 0] = -w[:, 0], 1 - f[:, 0]
+        if fy:
+            w[:, 1], f[:, 1] = -w[:, 1], 1 - f[:, 1]
+        out, ref = symmetrise(pack(d.window, d.fresh), torch.Generator().manual_seed(seed)), pack(w, f)
+        for k in ("hist", "mx", "my", "fresh", "mi"):
+            torch.testing.assert_close(out[k], ref[k], atol=1e-4, rtol=0)

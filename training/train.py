@@ -12,7 +12,10 @@ the start), loss.csv, eval.csv, config.yaml: no pickled optimiser state, no resu
 policy included) in the safetensors metadata. ``init`` in the config (or
 --init) starts from shipped weights. With --max-minutes, the learning-rate
 schedule follows wall-clock progress and the run stops in time, counting
-start-up after imports (a few seconds). Imports streamcorr.model / .weights / .copula only (no pydantic).
+start-up after imports (a few seconds). ``symmetrise`` applies a random exact
+symmetry of the square to each item; ``max_reuse`` > 1 lets a fast device take
+another step on the last batch (under a new symmetry) while the workers catch up.
+Imports streamcorr.model / .weights / .copula only (no pydantic).
 
 Objective per batch (see models/README.md for why both terms):
     loss = -mean DV(theta; fresh samples) + readout_weight * mean (DV(theta; window) - MI)^2
@@ -72,6 +75,23 @@ def fresh_dv(theta: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
     trap[0] = trap[-1] = 0.5  # linear binning of a uniform marginal puts half mass on the end nodes
     q = (trap / trap.sum()).expand(theta.shape[0], g)
     return (fresh * theta).sum(dim=(1, 2)) - log_mean_exp(theta, q, q)
+
+
+def symmetrise(batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Apply a random symmetry of the unit square to each item: transpose (swap x and y) and/or
+    reflect u -> 1 - u on either axis. Each is exact for these inputs: MI is unchanged, the rank
+    (r + 0.5) / T of -x is 1 - that of x, and the nodes g / (G - 1) map onto themselves."""
+    hist, fresh, mx, my = batch["hist"], batch["fresh"], batch["mx"], batch["my"]
+    b = hist.shape[0]
+    t, fx, fy = (torch.rand(3, b, generator=gen, device=gen.device) < 0.5).to(hist.device)
+    t3, fx3, fy3 = t[:, None, None], fx[:, None, None], fy[:, None, None]
+    hist = torch.where(t3, hist.transpose(1, 2), hist)
+    fresh = torch.where(t3, fresh.transpose(1, 2), fresh)
+    mx, my = torch.where(t[:, None], my, mx), torch.where(t[:, None], mx, my)
+    hist, fresh = torch.where(fx3, hist.flip(1), hist), torch.where(fx3, fresh.flip(1), fresh)
+    hist, fresh = torch.where(fy3, hist.flip(2), hist), torch.where(fy3, fresh.flip(2), fresh)
+    mx, my = torch.where(fx[:, None], mx.flip(1), mx), torch.where(fy[:, None], my.flip(1), my)
+    return {"hist": hist, "fresh": fresh, "mx": mx, "my": my, "mi": batch["mi"]}
 
 
 def _truncate_logs(run: Path, step: int) -> None:
@@ -143,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    use_bf16 = device.type == "cuda" and cfg.get("precision", "fp32") == "bf16"
+    precision = cfg.get("precision", "fp32")  # fp32, tf32 (TF32 matmuls) or bf16 (autocast + TF32); CUDA only
+    if precision not in ("fp32", "tf32", "bf16"):
+        raise SystemExit(f"precision must be fp32, tf32 or bf16; got {precision!r}")
+    use_bf16 = device.type == "cuda" and precision == "bf16"
+    if device.type == "cuda" and precision != "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     run = args.out if args.out is not None else args.runs_dir / cfg["name"]
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -234,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         save_weights(model, tmp_w, meta)
         tmp_w.replace(run / name)
 
+    gen = torch.Generator(device="cpu").manual_seed(cfg["seed"] + step)
+    max_reuse = int(cfg.get("max_reuse", 1))  # steps per batch at most, when the data workers fall behind
+    last: dict[str, torch.Tensor] | None = None
+    uses = 0
     t0 = time.perf_counter() - wall
     last_save = time.perf_counter()
     deadline = t_begin + budget_s - STOP_MARGIN_S if budget_s else math.inf
@@ -241,10 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         log_eval()  # the starting point: random or init weights
     while step < cfg["steps"] and time.perf_counter() < deadline:
         try:
-            item = queue.get(timeout=max(0.1, min(30.0, deadline - time.perf_counter())))
+            wait = 0.0 if last is not None and uses < max_reuse else max(0.1, min(30.0, deadline - time.perf_counter()))
+            item = queue.get(timeout=wait) if wait else queue.get_nowait()
+            last, uses = {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in item.items()}, 0
         except queue_mod.Empty:
-            continue
-        batch = {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in item.items()}
+            if last is None or uses >= max_reuse:
+                continue
+        assert last is not None
+        uses += 1
+        batch = symmetrise(last, gen) if cfg.get("symmetrise", False) else last
         progress = step / cfg["steps"]
         if budget_s:
             progress = max(progress, (time.perf_counter() - t_begin) / (budget_s - STOP_MARGIN_S))

@@ -5,6 +5,12 @@ Retained ``{prefix}/status`` says whether the publisher is up: "online" on every
 goodbye (crash, kill, network loss). Snapshots (and pair lists) are retained too, so a subscriber that
 arrives late gets the newest at once; events are not.
 
+Status ``seq`` numbers increase across everything one publisher sends, the last will included: the
+will is fixed at connect time, so each connection reserves a block of ``STATUS_SEQ_BLOCK`` numbers
+and the will (or the goodbye of :meth:`close`) takes the block's last one; the next connection
+continues above it. Status seq therefore jumps between connections (not a loss), and only a real
+restart of the publisher makes it go back.
+
 Outbox policy (``publish_*`` never wait for the network): one pending snapshot, the newest (a
 superseded one is counted in ``counters.dropped["snapshot"]``); up to ``queue_size`` events, the oldest
 dropped when full; one pending status, the newest. While the broker is away the outbox waits and the
@@ -43,6 +49,8 @@ from .snapshot import Snapshot
 __all__ = ["MqttPublisher"]
 
 log = logging.getLogger("streamcorr.publish.mqtt")
+
+STATUS_SEQ_BLOCK = 1 << 32  # status seqs reserved per connection; its last will takes the block's last one
 
 
 class MqttPublisher:
@@ -244,8 +252,10 @@ class MqttPublisher:
         where = f"{self.settings.host}:{self.settings.port}"
         try:
             while True:
-                # seq numbers for this connection's "online" and its "offline" (the will, or close())
-                online_seq, offline_seq = self._seq["status"] + 1, self._seq["status"] + 2
+                # seq numbers for this connection's "online" and its "offline" (the will, or close()): the
+                # offline one ends a block above any status this connection sends, so a will published
+                # after later statuses still has the highest seq, and subscribers see no restart
+                online_seq, offline_seq = self._seq["status"] + 1, self._seq["status"] + STATUS_SEQ_BLOCK
                 offline = encode_status("offline", {}, seq=offline_seq, t_ns=self._last_t_ns)
                 will = aiomqtt.Will(self.topics["status"], offline, qos=self.settings.qos, retain=True)
                 up = False
@@ -253,9 +263,12 @@ class MqttPublisher:
                     async with make_client(self.settings, will=will) as client:
                         up = True
                         self.counters.connects += 1
-                        self._seq["status"] = offline_seq
+                        self._seq["status"] = online_seq
                         delays = self._backoff()
-                        await self._session(client, online_seq, offline_seq)
+                        try:
+                            await self._session(client, online_seq, offline_seq)
+                        finally:  # the will may be out: the next connection's statuses start above it
+                            self._seq["status"] = offline_seq
                     self.counters.disconnects += 1
                     log.info("MQTT publisher closed (%s)", where)
                     return

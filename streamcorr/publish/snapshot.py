@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,14 @@ class Snapshot:
     mi: np.ndarray  # nats
     age_s: np.ndarray  # seconds since each cell was refreshed (inf: never)
     coverage: np.ndarray  # fraction of the window where both channels were valid
+    # as received by a Subscriber: "live" (just published), "retained" (the broker's or the cache's copy,
+    # made wall_age_s ago) or "offline" (its publisher's last status says offline: the daemon is gone)
+    origin: str = "live"
+
+    @property
+    def wall_age_s(self) -> float:
+        """Seconds (wall clock) since the publisher made this snapshot."""
+        return time.time() - self.wall_ns / 1e9
 
 
 class MatrixState:

@@ -212,11 +212,27 @@ class Subscriber:
                 log.info("%s seq went back from %d to %d: the publisher restarted", stream, last, msg.seq)
         self._last_seq[stream] = msg.seq
         self.counters.received[stream] += 1
-        if isinstance(msg.body, Status):
-            self._status = msg.body
+        body = msg.body
+        if isinstance(body, Status):
+            self._status = body
             if not self._status_stream:  # status() has it; nobody iterates statuses, so nothing to queue
                 return
-        self._offer(_OUTBOX[stream], msg.body)
+        elif isinstance(body, Snapshot):
+            body = self._mark(body, replay)
+        self._offer(_OUTBOX[stream], body)
+
+    def _mark(self, snap: Snapshot, replay: bool) -> Snapshot:
+        """Say in the snapshot whether it is live, a retained copy, or from a publisher now offline (the
+        status topic is subscribed first, so a retained "offline" is known before the retained snapshot)."""
+        if self._status is not None and self._status.state == "offline":
+            self._warn.warning(
+                "offline", "snapshot seq %d is from a publisher that is offline (made %.0f s ago); "
+                "snap.origin == 'offline'", snap.seq, snap.wall_age_s,
+            )  # fmt: skip
+            return dataclasses.replace(snap, origin="offline")
+        if replay:
+            return dataclasses.replace(snap, origin="retained")
+        return snap
 
     def _offer(self, key: str, item: object) -> None:
         q = self._queues[key]
@@ -292,8 +308,10 @@ class Subscriber:
                 return
             frames = await req.recv_multipart()
             self.counters.late_joins += 1
-            for k in range(0, len(frames) - 1, 2):
-                self._handle(frames[k].decode("utf-8", "replace"), frames[k + 1], replay=True)
+            pairs = [(frames[k].decode("utf-8", "replace"), frames[k + 1]) for k in range(0, len(frames) - 1, 2)]
+            pairs.sort(key=lambda tp: self._stream_of.get(tp[0]) != "status")  # status first, as for MQTT
+            for topic_name, payload in pairs:
+                self._handle(topic_name, payload, replay=True)
         except zmq.ZMQError as exc:
             self.counters.late_join_failures += 1
             log.warning("asking %s for the latest snapshot failed: %s", self.snapshot_url, exc)
@@ -313,7 +331,9 @@ class Subscriber:
                     up = True
                     self.counters.connects += 1
                     delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
-                    await client.subscribe([(name, settings.qos) for name in self.topics])
+                    # status first: its retained copy must arrive before the retained snapshot it qualifies
+                    order = sorted(self.topics, key=lambda name: self._stream_of[name] != "status")
+                    await client.subscribe([(name, settings.qos) for name in order])
                     self._ready.set()
                     log.info("subscribed to %s on %s", ", ".join(self.topics), where)
                     async for m in client.messages:

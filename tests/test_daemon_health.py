@@ -1,0 +1,286 @@
+"""A real `streamcorr run` process seen from outside: every loss in /metrics and the status counters, /healthz
+per part, HTTP bounds, exposure warnings, the last will's seq, Ctrl-C during the first start (issue 10,
+classes 7, 8, 9, 10, 12, 13, 16, 17)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from streamcorr.cli import main
+from streamcorr.publish.subscriber import Subscriber
+from tests.brokers import PrivateBroker, free_port
+
+RATE = 10.0
+
+
+def _config(sources: list[dict[str, Any]], outputs: dict[str, Any], http_port: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "version": 1,
+        "sources": sources,
+        "channels": {"names": ["a", "b"], "rate_hz": RATE, "max_staleness_s": 0.2},
+        "window": {"samples": 64, "hop_samples": 10},
+        "outputs": {**outputs, "status_interval_s": 0.3},
+        "http": {"port": http_port, **extra.pop("http", {})},
+        "logging": {"format": "text"},
+        **extra,
+    }
+
+
+@contextmanager
+def _daemon(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str] | None = None) -> Iterator[Any]:
+    """A `streamcorr run` subprocess (stderr to a file); killed on exit if still running."""
+    path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamcorr.cli", "run", str(path)],
+        stderr=log, stdout=log, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )  # fmt: skip
+    proc.log_path = tmp_path / "daemon.log"  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _health(port: int) -> tuple[int, dict[str, Any]]:
+    code, text = _get(f"http://127.0.0.1:{port}/healthz")
+    return code, json.loads(text)
+
+
+def _wait(cond: Any, what: str, proc: Any, timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = cond()
+        except OSError:
+            got = None
+        if got:
+            return got
+        assert proc.poll() is None, f"daemon exited: {proc.log_path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {proc.log_path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def _chunks(seqs: list[int], seed: int) -> list[bytes]:
+    """JSON chunks of 10 samples of a, b (b = a^2 + noise), numbered with the given seq values."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, seq in enumerate(seqs):
+        t = 1_700_000_000.0 + (k * 10 + np.arange(10)) / RATE
+        a = rng.standard_normal(10)
+        b = a**2 + 0.1 * rng.standard_normal(10)
+        out.append(json.dumps({"seq": seq, "t": t.tolist(), "channels": {"a": a.tolist(), "b": b.tolist()}}).encode())
+    return out
+
+
+def _metric(text: str, series: str) -> float:
+    """The value of one series (name plus labels, exactly as exposed) in a /metrics text."""
+    for line in text.splitlines():
+        if line.rsplit(" ", 1)[0] == series:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} not in /metrics")
+
+
+def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(mqtt_broker, tmp_path):
+    """Lost and restarted seq numbers, accepted samples, output and web counters are Prometheus series and status
+    counters; after SIGKILL the last will's "offline" is no restart to subscribers, and the retained snapshot a
+    late subscriber gets says it comes from an offline publisher."""
+    host, port = mqtt_broker
+    prefix = f"ledger-{uuid.uuid4().hex[:8]}"
+    http_port = free_port()
+    src = {"type": "mqtt", "host": host, "port": port, "topics": [f"{prefix}/in"], "channel_template": "{key}"}
+    out = {"mqtt": {"host": host, "port": port, "prefix": f"{prefix}/out"}}
+    cfg = _config([src], out, http_port, http={"web": True})
+    seqs = [*range(10), *range(13, 20), *range(0, 10)]  # 3 lost (10..12), then a publisher restart (back to 0)
+
+    async def scenario(proc: Any) -> tuple[Subscriber, dict[str, Any], str]:
+        import aiomqtt
+
+        sub = Subscriber(f"mqtt://{host}:{port}", prefix=f"{prefix}/out", late_join=False)
+        await sub.start()
+        statuses: list[Any] = []
+
+        async def collect() -> None:
+            async for s in sub.statuses():
+                statuses.append(s)
+
+        collector = asyncio.create_task(collect())
+        async with aiomqtt.Client(host, port) as client:
+            for payload in _chunks(seqs, seed=7):
+                await client.publish(f"{prefix}/in", payload, qos=1)
+                await asyncio.sleep(0.02)
+        deadline = time.monotonic() + 60
+        while not any(
+            s.state == "online" and s.counters.get("mqtt0.seq_resets") == 1 and s.counters["output.mqtt.sent.snapshot"]
+            for s in statuses
+        ):
+            assert time.monotonic() < deadline, statuses[-1:] or "no status"
+            await asyncio.sleep(0.1)
+        online = [s for s in statuses if s.state == "online"]
+        metrics = await asyncio.to_thread(lambda: _get(f"http://127.0.0.1:{http_port}/metrics")[1])
+        proc.send_signal(signal.SIGKILL)  # no goodbye: the broker publishes the last will
+        while not statuses or statuses[-1].state != "offline":
+            assert time.monotonic() < deadline + 30, "no offline status after SIGKILL"
+            await asyncio.sleep(0.05)
+        collector.cancel()
+        await sub.aclose()
+        return sub, online[-1].counters, metrics
+
+    with _daemon(tmp_path, cfg) as proc:
+        _wait(lambda: _health(http_port)[1]["sources_connected"].get("mqtt0"), "source connected", proc)
+        sub, counters, metrics = asyncio.run(asyncio.wait_for(scenario(proc), 150))
+    assert _metric(metrics, 'streamcorr_source_seq_gaps_total{source="mqtt0"}') == 3
+    assert _metric(metrics, 'streamcorr_source_seq_resets_total{source="mqtt0"}') == 1
+    assert _metric(metrics, 'streamcorr_source_samples_accepted_total{source="mqtt0"}') > 0
+    assert _metric(metrics, 'streamcorr_output_sent_total{output="mqtt",stream="snapshot"}') > 0
+    for series in ('streamcorr_output_dropped_total{output="mqtt",stream="event"}',
+                   'streamcorr_output_errors_total{output="mqtt",stream="snapshot"}',
+                   "streamcorr_web_events_dropped_total", "streamcorr_http_header_timeouts_total"):  # fmt: skip
+        assert series in metrics
+    assert sub.counters.restarts == 0, "the last will looked like a publisher restart"
+    assert counters["mqtt0.seq_gaps"] == 3 and counters["mqtt0.seq_resets"] == 1
+    assert counters["mqtt0.samples_accepted"] > 0 and counters["output.mqtt.sent.snapshot"] > 0
+    assert "output.mqtt.dropped.snapshot" in counters and "output.mqtt.errors.snapshot" in counters
+    assert "web.clients_rejected" in counters and "http.header_timeouts" in counters
+
+    async def late() -> Any:
+        async with Subscriber(f"mqtt://{host}:{port}", prefix=f"{prefix}/out") as late_sub:
+            return await anext(late_sub.snapshots(timeout_s=10))
+
+    snap = asyncio.run(late())
+    assert snap.origin == "offline"
+    for stream in ("snapshot", "status"):
+        subprocess.run(["mosquitto_pub", "-h", host, "-p", str(port), "-t", f"{prefix}/out/{stream}", "-r", "-n"],
+                       check=False)  # fmt: skip
+
+
+def test_healthz_reports_each_part_and_503s_when_the_broker_is_gone(tmp_path):
+    """/healthz is 200 with source and output up, 503 naming both while their broker is stopped, and 200 again
+    after it restarts; a refused broker connection is logged with its config key and a hint to start Mosquitto."""
+    broker = PrivateBroker(tmp_path)
+    broker.start()
+    http_port = free_port()
+    conn = {"port": broker.port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3}
+    src = {"type": "mqtt", "topics": ["in/#"], **conn}
+    cfg = _config([src], {"mqtt": {**conn, "prefix": "h"}}, http_port)
+    try:
+        with _daemon(tmp_path, cfg) as proc:
+            _wait(lambda: _health(http_port)[0] == 200, "healthy", proc)
+            _, body = _health(http_port)
+            assert body["status"] == "ok" and body["sources_connected"] == {"mqtt0": True}
+            assert body["outputs_alive"] == {"mqtt": True}
+            broker.stop()
+            _, body = _wait(lambda: (h := _health(http_port))[0] == 503 and h, "503 without broker", proc, 30)
+            assert body["status"] == "degraded"
+            assert "source mqtt0 not connected" in body["problems"]
+            assert "output mqtt not connected" in body["problems"]
+            broker.start()
+            _wait(lambda: _health(http_port)[0] == 200, "healthy again", proc, 60)
+    finally:
+        broker.stop()
+    refused = PrivateBroker(tmp_path)  # a port with nothing behind it
+    cfg = _config([{"type": "mqtt", "topics": ["x"], "port": refused.port}], {}, free_port())
+    with _daemon(tmp_path, cfg) as proc:
+        text = _wait(lambda: "mosquitto" in (t := proc.log_path.read_text()) and t, "the broker hint", proc, 60)
+    assert "sources.0.host / sources.0.port" in text and f"127.0.0.1:{refused.port}" in text
+
+
+def test_http_bounds_half_sent_requests_and_connection_floods(tmp_path):
+    """Half-sent requests are closed after http.header_timeout_s, connections beyond http.max_connections are
+    closed at once, /healthz still answers, and the counts are in /metrics; a listener beyond loopback is
+    warned about at start."""
+    http_port = free_port()
+    cfg = _config(
+        [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "mode": "pull", "bind": True}], {},
+        http_port, http={"host": "0.0.0.0", "max_connections": 20, "header_timeout_s": 1.0},
+    )  # fmt: skip
+    with _daemon(tmp_path, cfg) as proc:
+        _wait(lambda: _health(http_port)[1].get("status") is not None, "http up", proc)
+        socks = []
+        for _ in range(60):
+            s = socket.create_connection(("127.0.0.1", http_port), timeout=5)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            socks.append(s)
+        deadline = time.monotonic() + 30
+        for s in socks:  # every one is closed by the server: recv sees the end, or a reset
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            with suppress(ConnectionResetError):
+                assert s.recv(1024) == b""
+            s.close()
+        assert _health(http_port)[1]["status"] is not None
+        text = _get(f"http://127.0.0.1:{http_port}/metrics")[1]
+        assert _metric(text, "streamcorr_http_header_timeouts_total") >= 1
+        assert _metric(text, "streamcorr_http_connections_rejected_total") >= 1
+        log_text = proc.log_path.read_text()
+    assert "listening beyond loopback: http.host '0.0.0.0'" in log_text
+    assert len(log_text.splitlines()) < 200, "log volume not bounded"
+
+
+def test_check_warns_about_listeners_beyond_loopback(tmp_path, capsys):
+    """`streamcorr check` names each key that listens beyond loopback (HTTP on 0.0.0.0, ZeroMQ on *), and is
+    silent for the loopback defaults."""
+    cfg = {
+        "version": 1,
+        "sources": [{"type": "zmq", "endpoint": "tcp://0.0.0.0:7001", "mode": "pull", "bind": True}],
+        "outputs": {"zmq": {"endpoint": "tcp://*:7002", "snapshot_endpoint": "tcp://[::]:7003"}},
+        "http": {"host": "::"},
+    }
+    path = tmp_path / "exposed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    for key in ("http.host", "outputs.zmq.endpoint", "outputs.zmq.snapshot_endpoint", "sources.0.endpoint"):
+        assert f"warning: listening beyond loopback: {key}" in out, out
+    local = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:7001", "bind": True}],
+             "outputs": {"zmq": {}}, "http": {"host": "localhost"}}  # fmt: skip
+    path.write_text(yaml.safe_dump(local))
+    assert main(["check", str(path)]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_ctrl_c_during_the_first_start_is_clean_and_healthz_says_starting(tmp_path):
+    """On a first start (empty calibration cache) /healthz answers "starting" (503) at once, a log line says what
+    is measured and for how long, and SIGINT stops the process with exit 0 and no traceback."""
+    http_port = free_port()
+    src = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "mode": "pull", "bind": True}
+    cfg = _config([src], {}, http_port)
+    cfg["window"] = {"samples": 4096}  # a calibration that takes far longer than this test
+    env = {"STREAMCORR_CACHE_DIR": str(tmp_path / "cache")}
+    with _daemon(tmp_path, cfg, env) as proc:
+        code, body = _wait(lambda: _health(http_port), "/healthz during calibration", proc, 30)
+        assert code == 503 and body["status"] == "starting"
+        _wait(lambda: "null calibration" in proc.log_path.read_text(), "the progress line", proc, 30)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        text = proc.log_path.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert "windows of independent noise" in text and "Ctrl-C stops" in text
