@@ -1,6 +1,6 @@
 """Estimator v2 acceptance tables (issue 13): a candidate beside v1 and KSG-3 on the same held-out windows.
 
-    python -m bench.estimator_v2 --weights PATH [--quick] [--v1 models/infonet-v1.safetensors]
+    python -m bench.estimator_v2 --weights PATH [--quick] [--tag NAME] [--v1 models/infonet-v1.safetensors]
 
 Rows: KSG-3 (scikit-learn), v1 with mid-ranks (today), v1 with jittered ties
 (the tie-policy comparison), and the candidate with its own tie policy (from
@@ -19,7 +19,7 @@ its weights' metadata). Tables:
 All sets come from seeds of their own (9_1xx_xxx), disjoint from the training
 generator's (config seed * 1000 + worker) and validation (424242) seeds;
 the quantised set is cached under bench/cache/. Results go to
-bench/results/estimator_v2[_quick].{md,json}.
+bench/results/estimator_v2[_quick][_TAG].{md,json}.
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--v1", default="models/infonet-v1.safetensors")
     ap.add_argument("--quick", action="store_true", help="20 mixtures per level, 10 quantised items per group, 2 draws")
     ap.add_argument("--no-ksg", action="store_true")
+    ap.add_argument("--tag", default="", help="results go to estimator_v2[_quick][_TAG].{md,json}")
     args = ap.parse_args(argv)
     n_lvl, per_group, draws = (20, 10, 2) if args.quick else (100, 24, 5)
     t_start = time.perf_counter()
@@ -230,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     md += ["## Verdict for the candidate (order accuracy and chance-event rate: not in this bench)\n",
            "| check | pass |", "|---|---|"]  # fmt: skip
     md += [f"| {k} | {'yes' if v else '**no**'} |" for k, v in checks.items()]
-    md.append(f"\nCommand: `python -m bench.estimator_v2 --weights {args.weights}{' --quick' if args.quick else ''}`; "
+    md.append(f"\nCommand: `python -m bench.estimator_v2 --weights {args.weights}{' --quick' if args.quick else ''}"
+              f"{' --tag ' + args.tag if args.tag else ''}`; "
               f"{data['wall_s']:.0f} s.")  # fmt: skip
-    write_results("estimator_v2_quick" if args.quick else "estimator_v2", data, "\n".join(md))
+    name = ("estimator_v2_quick" if args.quick else "estimator_v2") + (f"_{args.tag}" if args.tag else "")
+    write_results(name, data, "\n".join(md))
     return 0
 
 

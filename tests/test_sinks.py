@@ -24,7 +24,7 @@ from streamcorr.errors import ConfigError, InputError
 from streamcorr.ingest.mqtt import MqttSettings
 from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.envelope import Status, decode_message
-from streamcorr.publish.mqtt_sink import MqttPublisher
+from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
 from streamcorr.publish.sinks import SinkCounters, engine_counters
 from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.zmq_sink import ZmqPublisher
@@ -281,7 +281,7 @@ def test_mqtt_close_sends_the_final_snapshot_and_a_retained_offline(mqtt_broker,
     assert decode_message(got[f"{prefix}/pairs"]).seq == 1
     status = decode_message(got[f"{prefix}/status"])
     assert status.body.state == "offline" and status.body.counters["sent_snapshot"] == 1
-    assert status.seq == 2  # online was 1; offline is the seq reserved for this connection's will
+    assert status.seq == STATUS_SEQ_BLOCK  # online was 1; offline ends the block reserved for this connection
 
 
 def test_mqtt_outbox_drops_superseded_snapshots_and_oldest_events_then_sends_in_order(mqtt_broker, prefix):
@@ -425,8 +425,9 @@ def test_mqtt_publisher_reconnects_after_the_broker_restarts_and_never_gives_up(
     counters, got = asyncio.run(main())
     assert counters.connects == 2 and counters.disconnects == 2
     assert counters.sent["status"] == 3  # online, online again after the restart, offline at close
-    # seq: 1 online, 2 the first connection's will (reserved), 3 online, 4 offline (this connection's)
-    assert decode_message(got["plant/status"]).seq == 4
+    # seq: 1 online, the first block's end its will (reserved), then online above it, and offline at the end of
+    # the second block: always above every status sent before
+    assert decode_message(got["plant/status"]).seq == 2 * STATUS_SEQ_BLOCK
     assert decode_message(got["plant/snapshot"]).body.seq == 1
 
 
