@@ -361,7 +361,7 @@ def test_mqtt_last_will_says_offline_when_the_publisher_process_is_killed(mqtt_b
 
     states, rc = asyncio.run(main())
     assert rc == -signal.SIGKILL
-    assert [(s, q) for s, q, _ in states] == [("online", 1), ("offline", 2)]
+    assert [(s, q) for s, q, _ in states] == [("online", 1), ("offline", STATUS_SEQ_BLOCK)]  # the will: above all
     got = asyncio.run(retained(mqtt_broker, [f"{prefix}/status"]))
     assert decode_message(got[f"{prefix}/status"]).body.state == "offline"
 
