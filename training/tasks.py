@@ -122,11 +122,12 @@ def mixture_draw(
 class Quantiser:
     levels: tuple[int, int]  # levels per axis; 0 = that axis is not quantised
     equal_frequency: bool
+    pilot: int = 20_000  # samples of the marginal that place the edges (ground truth is exact for any edges)
 
     def thresholds(self, gm: GaussianMixture, axis: int, rng: np.random.Generator) -> np.ndarray:
         """Interior cell edges (L - 1,) of one axis, from a pilot sample of the marginal."""
         n_levels = self.levels[axis]
-        pilot = gm.marginal((axis,)).sample(20_000, rng)[:, 0]
+        pilot = gm.marginal((axis,)).sample(self.pilot, rng)[:, 0]
         if self.equal_frequency:
             return np.quantile(pilot, np.arange(1, n_levels) / n_levels)
         lo, hi = np.quantile(pilot, [0.005, 0.995])
@@ -259,7 +260,7 @@ def _noise_density_cdf(name: str, width: float, y: np.ndarray) -> tuple[np.ndarr
 def bounded_noise_mi(name: str, width: float) -> float:
     """I(X; f(X) + U(-w, w)) for X ~ U(0, 1): h(Y) - log(2w), h(Y) by quadrature on a fine grid."""
     fs, _ = _sorted_f(name)
-    ys = np.linspace(fs[0] - width, fs[-1] + width, 1 << 15)
+    ys = np.linspace(fs[0] - width, fs[-1] + width, 1 << 13)
     p, _ = _noise_density_cdf(name, width, ys)
     dy = ys[1] - ys[0]
     m = p > 0
@@ -337,7 +338,7 @@ def sample_task(rng: np.random.Generator, mix: TaskMix, t: int, n_fresh: int) ->
         n_levels = rng.integers(mix.min_levels, mix.max_levels + 1, size=2)
         if rng.uniform() >= mix.p_both_quantised:
             n_levels[rng.integers(2)] = 0
-        quant = Quantiser((int(n_levels[0]), int(n_levels[1])), bool(rng.uniform() < mix.p_equal_frequency))
+        quant = Quantiser((int(n_levels[0]), int(n_levels[1])), bool(rng.uniform() < mix.p_equal_frequency), pilot=4000)
         return quantised_draw(_base_mixture(rng, mix), quant, rng, t, n_fresh)
     if family == "bounded_noise":
         name = list(NOISE_FUNCTIONS)[rng.integers(len(NOISE_FUNCTIONS))]
