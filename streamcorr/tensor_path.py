@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .errors import InputError
-from .model import InfoNet, dv_readout
+from .model import dv_readout
 
 __all__ = ["TensorPath", "TimeSplit", "bin_weights"]
 
@@ -61,7 +61,9 @@ def bin_weights(u: torch.Tensor, grid: int, dtype: torch.dtype = torch.float32) 
 
 
 class TensorPath:
-    """InfoNet MI of channel pairs from shared ranks, every stage on ``model``'s device.
+    """InfoNet MI of channel pairs from shared ranks, every stage on one device.
+
+    ``model``: an InfoNet on ``device`` (or torch.compile of one) with ``grid`` nodes per axis.
 
     ``hist_dtype``: float32 builds histograms in fp32 (on CUDA TF32 is left to
     torch's global setting); float16 halves the bytes the batched product reads
@@ -73,8 +75,10 @@ class TensorPath:
 
     def __init__(
         self,
-        model: InfoNet,
+        model: Callable[..., torch.Tensor],
         *,
+        grid: int,
+        device: torch.device,
         batch_size: int = 8192,
         hist_dtype: torch.dtype = torch.float32,
         amp: bool = False,
@@ -83,8 +87,8 @@ class TensorPath:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
         self.model = model
-        self.device = next(model.parameters()).device
-        self.grid = model.cfg.grid
+        self.device = device
+        self.grid = grid
         self.batch_size = batch_size
         self.hist_dtype = hist_dtype
         self.amp = amp
