@@ -148,7 +148,9 @@ class Pairs(_Strict):
 
 
 class EstimatorConfig(_Strict):
-    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    device: Literal["cpu", "cuda", "auto"] = "auto"  # auto: CUDA when torch sees a GPU
+    amp: bool | None = None  # bf16 autocast for the network; None: on where it pays (measured in bench.cpu_path)
+    compile: bool | None = None  # torch.compile the network; None: on for CUDA (bench.gpu_path)
     batch_size: int = Field(128, ge=1, le=65_536)
     threads: int | None = Field(None, ge=1)
     weights: str | None = None  # None: the shipped model

@@ -63,7 +63,12 @@ def engine_config(cfg: Config) -> EngineConfig:
         pairs = PairSelection(all=False, groups=tuple(p.groups), groups_with=tuple(p.groups_with))
     else:
         pairs = PairSelection()
-    est: dict[str, Any] = {"device": cfg.estimator.device, "batch_size": cfg.estimator.batch_size}
+    est: dict[str, Any] = {
+        "device": cfg.estimator.device,
+        "batch_size": cfg.estimator.batch_size,
+        "amp": cfg.estimator.amp,
+        "compile": cfg.estimator.compile,
+    }
     if cfg.estimator.threads is not None:
         est["threads"] = cfg.estimator.threads
     if cfg.estimator.weights is not None:
