@@ -21,7 +21,7 @@ import torch
 from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
 from .errors import InputError
 from .model import InfoNet, dv_readout
-from .tensor_path import TensorPath
+from .tensor_path import TensorPath, device_batch_size
 from .weights import load_model
 
 __all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"]
@@ -217,8 +217,8 @@ class Estimator:
         iu = np.ascontiguousarray(iu, dtype=np.int64)
         iv = np.ascontiguousarray(iv, dtype=np.int64)
         if self.device.type == "cuda":
-            if self._tensor_path is None:
-                batch = max(self.batch_size, 4096)  # a GPU wants large batches whatever the CPU setting
+            if self._tensor_path is None:  # a GPU wants large batches whatever the CPU setting: size to its memory
+                batch = device_batch_size(self.device, u.shape[1], self.grid)
                 self._tensor_path = TensorPath(
                     self._forward,
                     grid=self.grid,

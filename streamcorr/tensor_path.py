@@ -18,6 +18,7 @@ kernels stay faster, so the engine uses this path on CUDA.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,22 @@ import torch
 from .errors import InputError
 from .model import dv_readout
 
-__all__ = ["TensorPath", "TimeSplit", "bin_weights"]
+__all__ = ["TensorPath", "TimeSplit", "bin_weights", "device_batch_size"]
+
+log = logging.getLogger("streamcorr.tensor_path")
+
+
+def device_batch_size(device: torch.device, window_len: int, grid: int, cap: int = 16384) -> int:
+    """Pairs per batch that fit a quarter of the device's free memory (CPU: ``cap``).
+
+    Per pair: the two gathered fp16 bin-weight blocks (2 T G x 2 bytes) and about
+    64 fp32 G x G planes of histogram, features and network activations.
+    """
+    if device.type != "cuda":
+        return cap
+    free, _ = torch.cuda.mem_get_info(device)
+    per_pair = 4 * window_len * grid + 64 * grid * grid * 4
+    return int(max(256, min(cap, free // 4 // per_pair)))
 
 
 @dataclass
@@ -142,10 +158,19 @@ class TensorPath:
                 w = w32.to(self.hist_dtype)
                 del w32
                 constant = ut.amax(dim=1) == ut.amin(dim=1)  # all ranks tied: a constant series
-            out = [
-                self._forward(w, marg, idx_u[s : s + self.batch_size], idx_v[s : s + self.batch_size])
-                for s in range(0, iu_np.size, self.batch_size)
-            ]
+            out, s = [], 0
+            while s < iu_np.size:
+                b = self.batch_size
+                try:
+                    out.append(self._forward(w, marg, idx_u[s : s + b], idx_v[s : s + b]))
+                except torch.cuda.OutOfMemoryError:
+                    if b == 1:
+                        raise
+                    self.batch_size = max(1, b // 2)  # another process took memory: smaller batches from now on
+                    log.warning("CUDA out of memory at %d pairs per batch; continuing with %d", b, self.batch_size)
+                    torch.cuda.empty_cache()
+                    continue
+                s += b
             with self._stage("download_s"):
                 mi = torch.cat(out).clamp_min(0.0)
                 mi = torch.where(constant[idx_u] | constant[idx_v], torch.zeros_like(mi), mi)
