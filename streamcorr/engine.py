@@ -300,23 +300,29 @@ class Engine:
         rest = order[~prot][: max(0, min(self.cfg.auto_pairs_per_hop, budget - len(first)))]
         return np.concatenate([first, rest]) if len(rest) else first
 
+    def _refused(self, name: str, n: int) -> bool:
+        """For a name with no channel yet: whether it may not have one (its n samples then counted by reason)."""
+        cnt = self.counters
+        if not self.cfg.auto_add_channels:
+            cnt.unknown_channel += n  # samples, so every sample is accounted for
+            return True
+        if len(self._channels) >= self.cfg.max_channels:  # checked first: the cheapest, and what a flood meets
+            cnt.channel_limit += n
+            self._log(logging.WARNING, "channel_limit", "refused new channel %.80r: max_channels (%d) exist",
+                      name, self.cfg.max_channels)  # fmt: skip
+            return True
+        if (why := name_problem(name, self.cfg.max_name_bytes)) is not None:
+            cnt.bad_name += n
+            self._log(logging.WARNING, "bad_name", "refused samples for channel %.80r: %s", name, why)
+            return True
+        return False
+
     def _channel(self, name: str, n: int) -> _Channel | None:
         """The channel's state, created on first use when allowed; None (n samples counted by reason) if not."""
         ch = self._channels.get(name)
         if ch is not None:
             return ch
-        cnt = self.counters
-        if not self.cfg.auto_add_channels:
-            cnt.unknown_channel += n  # samples, so every sample is accounted for
-            return None
-        if (why := name_problem(name, self.cfg.max_name_bytes)) is not None:
-            cnt.bad_name += n
-            self._log(logging.WARNING, "bad_name", "refused samples for channel %.80r: %s", name, why)
-            return None
-        if len(self._channels) >= self.cfg.max_channels:
-            cnt.channel_limit += n
-            self._log(logging.WARNING, "channel_limit", "refused new channel %.80r: max_channels (%d) exist",
-                      name, self.cfg.max_channels)  # fmt: skip
+        if self._refused(name, n):
             return None
         self._log(logging.INFO, "new_channel", "new channel %.80r", name)
         self._add_channel(name)
@@ -325,6 +331,8 @@ class Engine:
     # -- ingest -------------------------------------------------------------------------------------
     def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
         """Append samples (t in seconds) to one channel; returns how many were accepted."""
+        if channel not in self._channels and self._refused(channel, int(np.size(values)) or 1):
+            return 0  # before any conversion: a flood of refused names costs little
         t_ns = self._times_ns(t)
         if t_ns is None:
             self.counters.bad_sample += int(np.size(values)) or 1

@@ -301,7 +301,7 @@ class PayloadDecoder:
             t_s = t * self.time_scale if t is not None else float("nan")
             if not abs(t_s) < MAX_ABS_T_S:  # also catches NaN
                 return self._reject(topic, "time", f"bad time {t_raw!r:.40}", len(fields))
-        out = []
+        names, values = [], []
         for key, raw in fields.items():
             if not isinstance(key, str):
                 self._drop(topic, "key", f"field name {key!r:.40} is not a string")
@@ -314,8 +314,11 @@ class PayloadDecoder:
             if reason:
                 self._drop(topic, reason, f"field {key!r:.40} = {raw!r:.40}")
                 continue
-            out.append(Batch(name, np.array([t_s]), np.array([value])))
-        return out
+            names.append(name)
+            values.append(value)
+        # one time array and one value array, viewed per channel: a message of many fields stays cheap
+        t_arr, v_arr = np.array([t_s]), np.array(values, dtype=np.float64)
+        return [Batch(name, t_arr, v_arr[k : k + 1]) for k, name in enumerate(names)]
 
     def _chunk(self, topic: str, obj: dict[Any, Any]) -> list[Batch]:
         chans = obj["channels"]

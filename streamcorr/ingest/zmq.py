@@ -176,7 +176,7 @@ class ZmqSource:
                 where = event["endpoint"].decode(errors="replace")
                 self._rate_log(logging.WARNING, "disconnect", "zmq peer disconnected (%s)", where)
 
-    async def _recv(self, sock: zmq.asyncio.Socket, flags: int = 0) -> tuple[list[bytes], int, int]:
+    async def _recv(self, sock: zmq.asyncio.Socket, flags: int = 0) -> tuple[list[zmq.Frame], int, int]:
         """One message: (its first two frames, its frame count, its bytes in all), read frame by frame so that a
         message of many frames never sits in this process whole. zmq.Again (with NOBLOCK) if none is waiting."""
         frame = await sock.recv(flags, copy=False)
@@ -189,9 +189,10 @@ class ZmqSource:
                 kept.append(frame)
             elif len(kept) > 0 and (count > 2 or total > self.max_message_bytes):
                 kept.clear()  # release what was kept: this message is dropped whole
-        return [f.bytes for f in kept], count, total
+        return kept, count, total
 
-    def _decode(self, frames: list[bytes], count: int | None = None, total: int = 0) -> list[Batch]:
+    def _decode(self, frames: list[zmq.Frame] | list[bytes], count: int | None = None, total: int = 0) -> list[Batch]:
+        """Check the message's shape and sizes (before copying anything out of libzmq), then decode it."""
         count = len(frames) if count is None else count
         reason = ""
         if count > 2:
@@ -205,10 +206,11 @@ class ZmqSource:
             self.counters.drop(reason)
             self._rate_log(logging.WARNING, reason, "dropped %s", detail)
             return []
+        parts = [f if isinstance(f, bytes) else f.bytes for f in frames]
         if count == 1:
-            topic_bytes, payload = b"", frames[0]
+            topic_bytes, payload = b"", parts[0]
         else:
-            topic_bytes, payload = frames
+            topic_bytes, payload = parts
         try:
             topic = topic_bytes.decode()
         except UnicodeDecodeError:
