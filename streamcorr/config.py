@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING
 
 __all__ = ["Config", "load_config", "parse_config"]
 
@@ -147,6 +148,14 @@ class Pairs(_Strict):
         return self
 
 
+class Screening(_Strict):
+    """Dependence screening: a cheap all-pairs statistic each hop decides where the network runs."""
+
+    mode: Literal["auto", "on", "off"] = SCREENING  # auto: on when the pairs exceed the hop's network budget
+    max_age_s: float = Field(MAX_AGE_S, gt=0)  # every pair gets a network estimate at least this often
+    hop_budget: float = Field(HOP_BUDGET, gt=0, le=1)  # share of the hop the network may use
+
+
 class EstimatorConfig(_Strict):
     device: Literal["cpu", "cuda", "auto"] = "auto"  # auto: CUDA when torch sees a GPU
     amp: bool | None = None  # bf16 autocast for the network; None: on where it pays (measured in bench.cpu_path)
@@ -211,6 +220,7 @@ class Config(_Strict):
     channels: Channels = Channels()
     window: Window = Window()
     pairs: Pairs = Pairs()
+    screening: Screening = Screening()
     estimator: EstimatorConfig = EstimatorConfig()
     changes: Changes = Changes()
     outputs: Outputs = Outputs()

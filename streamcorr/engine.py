@@ -46,13 +46,15 @@ from typing import Any
 import numpy as np
 
 from .buffers import ChannelCounters, Resampler, RingBuffer
-from .copula import SlidingRanks, marginal_histograms, pair_histograms
+from .copula import SlidingRanks
 from .errors import ConfigError, InputError
 from .estimator import Estimator
 from .logutil import RateLimitedLog
 from .names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .publish import ChangeDetector, ChangeEvent, MatrixState, NullCalibration, Snapshot
-from .scheduler import PairSelection, Scheduler
+from .publish.snapshot import SOURCE_SCREEN
+from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING, PairSelection, Scheduler
+from .screen import Screener
 
 log = logging.getLogger("streamcorr.engine")
 
@@ -72,6 +74,9 @@ class EngineConfig:
     min_coverage: float = 0.9  # pairs valid over less of the window are not evaluated
     false_alarm_rate: float = 1e-3  # per pair and evaluation, from the estimator's null at window_len
     min_effect: float = 0.1  # nats: weaker dependence is not reported as "dependent"
+    screening: str = SCREENING  # "auto": screen all pairs when they exceed the hop's network budget; "on"; "off"
+    max_age_s: float = MAX_AGE_S  # screening: every pair gets a network estimate at least this often (in budget)
+    hop_budget: float = HOP_BUDGET  # screening: share of the hop the network may use, at the measured pairs/s
     persist: int = 2
     delta: float | None = None  # nats a dependent pair must move for rise/fall (default from the null's spread)
     rel_delta: float = 0.25  # ... and this fraction of its level
@@ -114,6 +119,8 @@ class EngineCounters:
     hops_skipped: int = 0  # hops superseded because compute was still busy
     pairs_evaluated: int = 0
     pairs_low_coverage: int = 0
+    pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
+    screen_passed: int = 0  # pairs that passed the screen
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_name: int = 0  # samples for a name that breaks the channel-name rule
     channel_limit: int = 0  # samples for new names refused because max_channels exist
@@ -230,6 +237,16 @@ class Engine:
         self.counters = EngineCounters()
         self.calibration = _calibration(self.est, config.window_len, config.false_alarm_rate, config.min_effect)
         self.detector = ChangeDetector(self.calibration, config.delta, config.persist, config.rel_delta)
+        self.screener = Screener(
+            mode=config.screening,
+            window_len=config.window_len,
+            hop_s=config.hop_samples / config.rate_hz,
+            min_effect=config.min_effect,
+            max_age_s=config.max_age_s,
+            hop_budget=config.hop_budget,
+            max_pairs_per_hop=config.max_pairs_per_hop,
+            cache_dir=_cache_dir(),
+        )
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
         self._scheduler = Scheduler(self._pairs, 1)
@@ -281,14 +298,19 @@ class Engine:
         if not new:
             return
         self.state.add_channels(new)  # one regrowth of the matrices for all of them
-        old = {tuple(p): t for p, t in zip(self._pairs.tolist(), self._scheduler.last_refresh_ns, strict=True)}
+        prev = self._scheduler
+        old = {tuple(p): k for k, p in enumerate(self._pairs.tolist())}  # pair -> index in the old scheduler
         if len(self.state.channels) > 1:
             self._pairs = self.cfg.pairs.resolve(self.state.channels)
         n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order
         self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
         self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
-        for k, p in enumerate(self._pairs.tolist()):
-            self._scheduler.last_refresh_ns[k] = old.get(tuple(p), -1)
+        self._scheduler.min_effect = self.cfg.min_effect
+        keep = [(k, old[tuple(p)]) for k, p in enumerate(self._pairs.tolist()) if tuple(p) in old]
+        if keep:
+            new_idx, old_idx = np.array(keep).T
+            for name in ("last_refresh_ns", "last_mi", "held_dependent"):
+                getattr(self._scheduler, name)[new_idx] = getattr(prev, name)[old_idx]
 
     def _next_pairs(self) -> np.ndarray:
         """The scheduler's stalest-first order, cut to the budgets: pairs among configured channels first (at most
@@ -425,6 +447,15 @@ class Engine:
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
         pick = self._next_pairs()
+        if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
+            hop_ns = self.cfg.hop_samples * self.resampler.period_ns
+            plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
+            pick = plan.pick
+            sp = self._pairs[plan.screened]
+            self.state.update(sp[:, 0], sp[:, 1], plan.screened_mi, np.ones(len(sp)), end_tick, source=SOURCE_SCREEN)
+            cnt.pairs_screened += len(sp)
+            cnt.screen_passed += plan.passed
+            t0 = cnt.add_time("screen", t0)
         pairs = self._pairs[pick]
         i, j = pairs[:, 0], pairs[:, 1]
         coverage = (valid[i] & valid[j]).mean(axis=1)
@@ -434,12 +465,12 @@ class Engine:
         full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & ok
         if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
             u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
-            g = self.est.grid
-            hist = pair_histograms(u, u, g, i[full], j[full])
-            marg = marginal_histograms(u, g)
-            t0 = cnt.add_time("histograms", t0)
-            mi[full] = self.est.estimate_histograms(hist, marg[i[full]], marg[j[full]])
+            t_model = t0
+            # MI exactly 0 for a constant channel, as in the estimator (ranked channels are all finite)
+            constant = np.array([r is not None and window[k].max() == window[k].min() for k, r in enumerate(ranks)])
+            mi[full] = self.est.estimate_ranks(u, i[full], j[full], constant)  # histograms + network, on its device
             t0 = cnt.add_time("model", t0)
+            self.screener.observe_model(int(full.sum()), t0 - t_model)
         partial = ok & ~full
         for k in np.flatnonzero(partial):  # gaps: rank each pair over its jointly valid instants
             both = valid[i[k]] & valid[j[k]]
@@ -456,6 +487,8 @@ class Engine:
             ev = self.detector.update((names[a], names[b]), float(m), end_tick)
             if ev is not None:
                 events.append(ev)
+        held = [bool(self.detector.is_dependent((names[a], names[b]))) for a, b in zip(i[done], j[done], strict=True)]
+        self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], np.array(held, dtype=bool))
         snap = self.state.snapshot(end_tick, time.time_ns())
         cnt.add_time("publish", t0)
         return snap, events

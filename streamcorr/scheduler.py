@@ -1,22 +1,36 @@
-"""Which pairs to evaluate at each hop, and how to batch them (synchronous, pure).
+"""Which pairs get a network estimate at each hop (synchronous, pure).
 
-Pairs are selected once (all pairs, an explicit list, or groups x groups). At
-every hop the scheduler hands out at most ``max_pairs_per_hop`` pairs, the
-stalest first, so that when compute cannot keep up every pair is still refreshed
-in turn and the age of each cell is known instead of growing without bound.
+Pairs are selected once (all pairs, an explicit list, or groups x groups). Two ways to spend a hop:
+
+- Without screening (``next_pairs``): at most ``max_pairs_per_hop`` pairs, the stalest first, so that when
+  compute cannot keep up every pair is still refreshed in turn and each cell's age is known.
+- With screening (``plan``): every pair has been assessed by the cheap screen statistic, and the network
+  runs on, in this order of priority, (1) *hot* pairs: the last network estimate was >= ``min_effect`` or
+  the change detector holds the pair dependent, (2) pairs that passed the screen, strongest first, and
+  (3) a rotating share of the rest, stalest first: ceil(P * hop / max_age) pairs per hop plus any pair whose
+  network estimate would otherwise be older than ``max_age`` at the next hop. So every pair gets a full
+  estimate at least every ``max_age`` as long as the three sets fit the budget; when they do not, the
+  stalest pairs of the lowest priority wait and ``overdue`` counts them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Literal
 
 import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["PairSelection", "Scheduler"]
+__all__ = ["HOP_BUDGET", "MAX_AGE_S", "SCREENING", "PairSelection", "Scheduler"]
+
+# Screening defaults, defined once (the engine and the YAML schema both use them)
+SCREENING: Literal["auto", "on", "off"] = "auto"  # "auto": screen when the selected pairs exceed the hop's network budget; "on"; "off"
+MAX_AGE_S = 60.0  # every pair gets a network estimate at least this often, within the budget
+HOP_BUDGET = 0.8  # share of each hop the network may use, at the measured pairs/s
 
 
 @dataclass(frozen=True)
@@ -49,26 +63,101 @@ class PairSelection:
 
 @dataclass
 class Scheduler:
-    """Hands out pairs stalest-first, at most max_pairs_per_hop per hop, and tracks each pair's last refresh."""
+    """Per-pair network refresh times and last estimates; picks each hop's pairs (stalest-first or screened).
+
+    >>> sched = Scheduler(np.array([[0, 1], [0, 2], [1, 2]]), max_pairs_per_hop=2)
+    >>> sched.next_pairs().tolist()  # never refreshed first, stable by index
+    [0, 1]
+    >>> sched.mark_refreshed(np.array([0, 1]), 10**9, np.array([0.5, 0.0]))
+    >>> sched.plan(passed=np.array([False, False, False]), stat=np.zeros(3), now_ns=2 * 10**9,
+    ...            hop_ns=10**9, max_age_ns=60 * 10**9).tolist()  # hot pair 0, then the stalest (2)
+    [0, 2]
+    """
 
     pairs: np.ndarray  # (P, 2) channel indices
     max_pairs_per_hop: int
-    last_refresh_ns: np.ndarray = field(init=False)
+    min_effect: float = 0.1  # nats: a last network estimate at or above this keeps the pair hot
+    last_refresh_ns: np.ndarray = field(init=False)  # (P,) stream time of the last network estimate; -1: never
+    last_mi: np.ndarray = field(init=False)  # (P,) the last network estimate, nats; NaN: never
+    held_dependent: np.ndarray = field(init=False)  # (P,) the change detector holds the pair dependent
+    first_planned_ns: np.ndarray = field(init=False)  # (P,) when plan() first saw the pair: a new pair's age base
+    overdue: int = 0  # pairs that were due for rotation but did not fit the budget, summed over hops
 
     def __post_init__(self) -> None:
         if self.max_pairs_per_hop < 1:
             raise ConfigError(f"max_pairs_per_hop must be >= 1; got {self.max_pairs_per_hop}")
-        self.last_refresh_ns = np.full(len(self.pairs), -1, dtype=np.int64)  # -1: never
+        n = len(self.pairs)
+        self.last_refresh_ns = np.full(n, -1, dtype=np.int64)
+        self.last_mi = np.full(n, np.nan)
+        self.held_dependent = np.zeros(n, dtype=bool)
+        self.first_planned_ns = np.full(n, -1, dtype=np.int64)
 
     def next_pairs(self) -> np.ndarray:
         """Indices into `pairs` to evaluate this hop: never-refreshed first, then oldest; stable by index."""
         order = np.argsort(self.last_refresh_ns, kind="stable")
         return order[: self.max_pairs_per_hop]
 
-    def mark_refreshed(self, pair_idx: np.ndarray, t_ns: int) -> None:
+    def hot(self) -> np.ndarray:
+        """(P,) pairs whose last network estimate is >= min_effect or that the detector holds dependent."""
+        with np.errstate(invalid="ignore"):
+            return (self.last_mi >= self.min_effect) | self.held_dependent
+
+    def plan(
+        self,
+        passed: np.ndarray,
+        stat: np.ndarray,
+        now_ns: int,
+        hop_ns: int,
+        max_age_ns: int,
+        budget: int | None = None,
+        eligible: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Indices into `pairs` for the network this hop, in priority order (see the module docstring).
+
+        passed (P,): the pair passed the screen; stat (P,): its screen statistic (orders passing pairs);
+        eligible (P,): pairs that may be picked at all (default: every pair); budget: at most this many
+        (default ``max_pairs_per_hop``).
+        """
+        n = len(self.pairs)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        if hop_ns <= 0 or max_age_ns <= 0:
+            raise ConfigError(f"hop and max_age must be > 0 ns; got {hop_ns} and {max_age_ns}")
+        budget = self.max_pairs_per_hop if budget is None else max(1, budget)
+        ok = np.ones(n, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
+        hot = self.hot() & ok
+        new = np.asarray(passed, dtype=bool) & ok & ~hot
+        first = np.flatnonzero(hot)
+        second = np.flatnonzero(new)
+        second = second[np.argsort(-np.asarray(stat)[second], kind="stable")]
+        rest = np.flatnonzero(ok & ~hot & ~new)
+        # rotation: stalest first (never-refreshed first of all), a steady share plus whatever is due; a pair
+        # never refreshed is due max_age after plan() first saw it (at start-up not all fit one hop)
+        self.first_planned_ns[self.first_planned_ns < 0] = now_ns
+        last = self.last_refresh_ns[rest]
+        order = np.argsort(last, kind="stable")
+        rest, last = rest[order], last[order]
+        since = np.where(last < 0, self.first_planned_ns[rest], last)
+        due = int(np.count_nonzero(now_ns + hop_ns - since > max_age_ns))
+        share = max(due, math.ceil(n * hop_ns / max_age_ns))
+        third = rest[:share]
+        picked = np.concatenate([first, second, third])
+        if len(picked) > budget:
+            self.overdue += max(0, due - max(0, budget - len(first) - len(second)))
+            picked = picked[:budget]
+        return picked.astype(np.int64)
+
+    def mark_refreshed(
+        self, pair_idx: np.ndarray, t_ns: int, mi: np.ndarray | None = None, dependent: np.ndarray | None = None
+    ) -> None:
+        """Record network estimates (mi, nats) of pairs at stream time t_ns, and the detector's view of them."""
         self.last_refresh_ns[pair_idx] = t_ns
+        if mi is not None:
+            self.last_mi[pair_idx] = mi
+        if dependent is not None:
+            self.held_dependent[pair_idx] = dependent
 
     def ages_s(self, now_ns: int) -> np.ndarray:
-        """Seconds since each pair was refreshed; inf where never."""
+        """Seconds since each pair's last network estimate; inf where never."""
         ages = (now_ns - self.last_refresh_ns) / 1e9
         return np.where(self.last_refresh_ns < 0, np.inf, ages)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -72,3 +74,27 @@ def bilinear(table: np.ndarray, a: float, b: float) -> float:
         + table[i, j + 1] * (1 - wi) * wj
         + table[i + 1, j + 1] * wi * wj
     )
+
+
+def screen_statistic(u: np.ndarray, n_basis: int) -> np.ndarray:
+    """T * sum_kl c_kl^2 per channel pair, one pair and one (k, l) at a time, features standardised by hand."""
+    c, t = u.shape
+    feats = []
+    for a in range(c):
+        rows = []
+        for k in range(1, n_basis + 1):
+            f = [math.cos(math.pi * k * x) for x in u[a]]
+            mean = sum(f) / t
+            sd = math.sqrt(sum((v - mean) ** 2 for v in f) / t)
+            rows.append([(v - mean) / sd if sd > 1e-12 else 0.0 for v in f])
+        feats.append(rows)
+    out = np.zeros((c, c))
+    for a in range(c):
+        for b in range(c):
+            total = 0.0
+            for k in range(n_basis):
+                for m in range(n_basis):
+                    cross = sum(x * y for x, y in zip(feats[a][k], feats[b][m], strict=True)) / t
+                    total += cross * cross
+            out[a, b] = t * total
+    return out

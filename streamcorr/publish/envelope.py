@@ -18,6 +18,7 @@ misread a message.
 | `age_s`        | matrix                      | seconds (stream time) since the cell was refreshed; inf: never     |
 | `coverage`     | matrix                      | fraction of the window where both channels had data; NaN: never    |
 | `pairs`        | list of `[i, j, mi]` (opt.) | cells with i < j, largest MI first, after top-k / threshold        |
+| `source`       | u1 matrix (opt.)            | what `mi` holds: 0 never assessed, 1 network estimate, 2 screen    |
 | *event:*       |                             |                                                                    |
 | `pair`         | `[str, str]`                | the two channels                                                   |
 | `change`       | str                         | `"rise"`, `"fall"`, `"became-dependent"` or `"became-independent"` |
@@ -28,7 +29,11 @@ misread a message.
 | `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
 
 A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 bytes>}``: row-major,
-little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. A `seq` lower
+little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. The `source` matrix
+is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an optional key, so `v`
+stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
+screen this hop, not a network estimate. (``Snapshot.network_age_s``, the age of each pair's last network
+estimate, stays in-process: with it a 2,048-channel snapshot would pass the envelope size limit.) A `seq` lower
 than the last one seen means the publisher restarted. Snapshots sent with ``pairs_only`` (on the
 ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
 
@@ -53,6 +58,10 @@ Round trip with streamcorr:
 >>> msg = decode_message(encode_snapshot(snap, seq=3, top_k=1))
 >>> msg.kind, msg.seq, msg.body.seq, float(msg.body.mi[0, 1]), msg.pairs
 ('snapshot', 3, 7, 0.5, ((0, 1, 0.5),))
+>>> screened = Snapshot(7, 10**9, 0, ("a", "b"), snap.mi, snap.age_s, snap.coverage,
+...                     source=np.array([[0, 2], [2, 0]], dtype=np.uint8))
+>>> decode_message(encode_snapshot(screened)).body.source.tolist()  # 2: the screen's figure, not the network's
+[[0, 2], [2, 0]]
 """
 
 from __future__ import annotations
@@ -98,6 +107,8 @@ Kind = Literal["snapshot", "event", "status"]
 StatusState = Literal["online", "offline"]
 _MATRIX_DTYPE = "<f4"  # float32 keeps NaN and inf, halves the bytes; MI needs no more than ~7 digits
 _READ_DTYPES = ("<f4", "<f8")
+_SOURCE_DTYPE = "|u1"  # the source matrix: one byte per cell
+_OPTIONAL_MATRICES = ("source",)  # from publishers with dependence screening
 _CHANGES = frozenset(get_args(EventKind))
 _UINT64_MAX = 2**64 - 1
 _SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
@@ -198,7 +209,9 @@ def check_snapshot(snap: Snapshot) -> int:
     if size > MAX_ENVELOPE_BYTES:
         msg = f"a snapshot of {n} channels ({names_bytes} bytes of names) would exceed {MAX_ENVELOPE_BYTES} bytes"
         raise InputError(msg + "; lower channels.max_channels or channels.max_name_bytes")
-    for name in ("mi", "age_s", "coverage"):
+    for name in ("mi", "age_s", "coverage", *_OPTIONAL_MATRICES):
+        if getattr(snap, name) is None:  # only the optional matrices may be None
+            continue
         shape = np.shape(getattr(snap, name))
         if shape != (n, n):
             raise InputError(f"snapshot.{name} must have shape ({n}, {n}) for {n} channels; got {shape}")
@@ -247,6 +260,9 @@ def encode_snapshot(
         msg["mi"] = _matrix(mi32, n)
         msg["age_s"] = _matrix(snap.age_s, n)
         msg["coverage"] = _matrix(snap.coverage, n)
+        if snap.source is not None:
+            data = np.ascontiguousarray(snap.source, dtype=np.uint8).tobytes()
+            msg["source"] = {"dtype": _SOURCE_DTYPE, "shape": [n, n], "data": data}
     if top_k is not None or threshold is not None:
         # the float32 value, so that a pair and its matrix cell are the same number
         picked = select_pairs(mi32, top_k=top_k, threshold=threshold).tolist()
@@ -312,11 +328,13 @@ def _int(m: Mapping[str, Any], key: str, what: str, lo: int = _INT64[0], hi: int
     return value
 
 
-def _decode_matrix(m: Mapping[str, Any], key: str, n: int) -> np.ndarray:
+def _decode_matrix(m: Mapping[str, Any], key: str, n: int, dtypes: tuple[str, ...] = _READ_DTYPES) -> np.ndarray:
     spec = _get(m, key, dict, "snapshot")
     dtype = spec.get("dtype")
-    if dtype not in _READ_DTYPES:
-        raise EnvelopeError(f"snapshot matrix {key!r} has dtype {dtype!r}; this reader knows {_READ_DTYPES}")
+    if dtype not in dtypes:
+        raise EnvelopeError(f"snapshot matrix {key!r} has dtype {dtype!r}; this reader knows {dtypes}")
+    if dtype == _SOURCE_DTYPE:
+        return _decode_source(spec, n)
     if spec.get("shape") != [n, n]:
         raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
     data = spec.get("data")
@@ -326,6 +344,15 @@ def _decode_matrix(m: Mapping[str, Any], key: str, n: int) -> np.ndarray:
         raise EnvelopeError(f"snapshot matrix {key!r} data must be {n * n * itemsize} bytes; got {size}")
     with np.errstate(invalid="ignore"):  # a signalling NaN on the wire stays a NaN, without a warning
         return np.frombuffer(data, dtype=dtype).reshape(n, n).astype(np.float64)
+
+
+def _decode_source(spec: Mapping[str, Any], n: int) -> np.ndarray:
+    if spec.get("shape") != [n, n]:
+        raise EnvelopeError(f"snapshot matrix 'source' has shape {spec.get('shape')!r}; expected [{n}, {n}]")
+    data = spec.get("data")
+    if not isinstance(data, bytes) or len(data) != n * n:
+        raise EnvelopeError(f"snapshot matrix 'source' data must be {n * n} bytes")
+    return np.frombuffer(data, dtype=np.uint8).reshape(n, n).copy()
 
 
 def _decode_pairs(raw: Any, n: int) -> tuple[tuple[int, int, float], ...]:
@@ -350,8 +377,11 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         raise EnvelopeError("snapshot field 'channels' has duplicate names")
     n = len(channels)
     pairs = _decode_pairs(m["pairs"], n) if "pairs" in m else None
+    source: np.ndarray | None = None
     if "mi" in m:
         mi, age_s, coverage = (_decode_matrix(m, key, n) for key in ("mi", "age_s", "coverage"))
+        if "source" in m:
+            source = _decode_matrix(m, "source", n, (_SOURCE_DTYPE,))
     elif pairs is not None:
         mi = np.full((n, n), np.nan)
         for i, j, value in pairs:
@@ -367,6 +397,7 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         mi=mi,
         age_s=age_s,
         coverage=coverage,
+        source=source,
     )
     return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
 

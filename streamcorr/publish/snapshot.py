@@ -1,9 +1,15 @@
-"""The live MI matrix: a mutable state updated per pair, and immutable snapshots of it."""
+"""The live MI matrix: a mutable state updated per pair, and immutable snapshots of it.
+
+Each cell holds the freshest assessment of its pair and says which kind it is (``source``): a network
+(InfoNet) estimate, or, when dependence screening is on, the screen's small-dependence MI figure for a pair
+that failed the screen this hop. ``age_s`` is the age of the value shown; ``network_age_s`` the age of the
+pair's last network estimate, which the scheduler keeps below ``max_age``.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,6 +25,9 @@ class Snapshot:
     mi: np.ndarray  # nats
     age_s: np.ndarray  # seconds since each cell was refreshed (inf: never)
     coverage: np.ndarray  # fraction of the window where both channels were valid
+    # per cell: SOURCE_NONE (never assessed), SOURCE_NETWORK or SOURCE_SCREEN; None: not known (older publisher)
+    source: np.ndarray | None = field(default=None, kw_only=True)
+    network_age_s: np.ndarray | None = field(default=None, kw_only=True)  # since the last network estimate; inf
     # as received by a Subscriber: "live" (just published), "retained" (the broker's or the cache's copy,
     # made wall_age_s ago) or "offline" (its publisher's last status says offline: the daemon is gone)
     origin: str = "live"
@@ -29,6 +38,9 @@ class Snapshot:
         return time.time() - self.wall_ns / 1e9
 
 
+SOURCE_NONE, SOURCE_NETWORK, SOURCE_SCREEN = 0, 1, 2  # values of Snapshot.source (uint8)
+
+
 class MatrixState:
     def __init__(self, channels: list[str]) -> None:
         n = len(channels)
@@ -36,6 +48,8 @@ class MatrixState:
         self.mi = np.full((n, n), np.nan)
         self.coverage = np.full((n, n), np.nan)
         self.refreshed_ns = np.full((n, n), -1, dtype=np.int64)
+        self.network_ns = np.full((n, n), -1, dtype=np.int64)  # stream time of the last network estimate
+        self.source = np.zeros((n, n), dtype=np.uint8)
         self.seq = 0
 
     def add_channel(self, name: str) -> None:
@@ -45,19 +59,44 @@ class MatrixState:
         """Append channels, growing each matrix once for all of them."""
         n, k = len(self.channels), len(names)
         self.channels.extend(names)
-        for attr, fill in (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1)):
+        cells = (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1), ("network_ns", -1), ("source", 0))
+        for attr, fill in cells:
             old = getattr(self, attr)
             new = np.full((n + k, n + k), fill, dtype=old.dtype)
             new[:n, :n] = old
             setattr(self, attr, new)
 
-    def update(self, i: np.ndarray, j: np.ndarray, mi: np.ndarray, coverage: np.ndarray, t_ns: int) -> None:
+    def update(
+        self,
+        i: np.ndarray,
+        j: np.ndarray,
+        mi: np.ndarray,
+        coverage: np.ndarray,
+        t_ns: int,
+        source: int = SOURCE_NETWORK,
+    ) -> None:
+        """Set cells (i, j) and (j, i) to values of one kind (SOURCE_NETWORK or SOURCE_SCREEN) at stream time t_ns."""
+        assert source in (SOURCE_NETWORK, SOURCE_SCREEN), source
         for a, b in ((i, j), (j, i)):
             self.mi[a, b] = mi
             self.coverage[a, b] = coverage
             self.refreshed_ns[a, b] = t_ns
+            self.source[a, b] = source
+            if source == SOURCE_NETWORK:
+                self.network_ns[a, b] = t_ns
 
     def snapshot(self, t_ns: int, wall_ns: int) -> Snapshot:
         self.seq += 1
         age = np.where(self.refreshed_ns < 0, np.inf, (t_ns - self.refreshed_ns) / 1e9)
-        return Snapshot(self.seq, t_ns, wall_ns, tuple(self.channels), self.mi.copy(), age, self.coverage.copy())
+        net_age = np.where(self.network_ns < 0, np.inf, (t_ns - self.network_ns) / 1e9)
+        return Snapshot(
+            self.seq,
+            t_ns,
+            wall_ns,
+            tuple(self.channels),
+            self.mi.copy(),
+            age,
+            self.coverage.copy(),
+            source=self.source.copy(),
+            network_age_s=net_age,
+        )

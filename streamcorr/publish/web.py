@@ -84,6 +84,8 @@ def snapshot_message(snap: Snapshot) -> dict[str, Any]:
         "mi": _finite_list(snap.mi, 4),
         "age_s": _finite_list(snap.age_s, 3),
         "coverage": _finite_list(snap.coverage, 3),
+        # per cell: 0 never assessed, 1 network estimate, 2 the screen's figure; None from older publishers
+        "source": None if snap.source is None else np.asarray(snap.source, dtype=np.uint8).tolist(),
     }
 
 
