@@ -177,7 +177,9 @@ async def _gateway(pub: zmq.asyncio.Socket, spindle: Spindle, seconds: float, sp
 
 async def run(phase_s: float, speed: float, seed: int, out_port: int) -> ReactResult:
     """Run the gateway, the daemon and the watcher; return what the watcher did."""
-    t0_s = float(round(time.time()))  # machine time: Unix seconds, advancing `speed` x faster than real time
+    # machine time: Unix seconds, advancing `speed` x faster than real time; it starts in the past so that it never
+    # runs ahead of the wall clock (the daemon refuses samples stamped beyond channels.max_future_s)
+    t0_s = float(round(time.time() - 3 * phase_s))
     damage_s, repair_s = phase_s, 2 * phase_s
     watcher = Watcher(WATCHED, t0_s)
     ctx = zmq.asyncio.Context.instance()

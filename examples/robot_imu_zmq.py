@@ -193,10 +193,17 @@ async def _wait_until_up(daemon: Daemon, run: asyncio.Task[None], timeout_s: flo
     return src.bound_endpoint, sink.endpoint, sink.snapshot_endpoint
 
 
-async def _publish(push: zmq.asyncio.Socket, robot: Robot, seconds: float, speed: float, t0_s: float) -> int:
-    """PUSH the robot's frames as msgpack chunks, paced at `speed` x real time; returns messages sent."""
+async def _publish(
+    push: zmq.asyncio.Socket, robot: Robot, seconds: float, speed: float, t0_s: float, evaluated_s: Any
+) -> int:
+    """PUSH the robot's frames as msgpack chunks, paced at `speed` x real time; returns messages sent.
+
+    Robot time may outrun this machine's engine (its first hop also compiles kernels): the robot waits while the
+    newest evaluated window (``evaluated_s()``, stream seconds) is more than a few hops behind, as a replay would.
+    """
     loop = asyncio.get_running_loop()
     start = loop.time()
+    max_lag_s = (WINDOW / 2 + 2 * HOP) / RATE_HZ
     n_msgs = int(seconds * RATE_HZ) // CHUNK
     for m in range(n_msgs):
         frames = robot.frames(CHUNK)
@@ -208,6 +215,11 @@ async def _publish(push: zmq.asyncio.Socket, robot: Robot, seconds: float, speed
         }
         await push.send_multipart([b"robot", msgpack.packb(chunk)])
         await asyncio.sleep(max(0.0, start + (m + 1) * CHUNK / RATE_HZ / speed - loop.time()))
+        sent_s = (m + 1) * CHUNK / RATE_HZ
+        if sent_s > (WINDOW + 2 * HOP) / RATE_HZ:
+            while t0_s + sent_s - evaluated_s() > max_lag_s:
+                await asyncio.sleep(0.01)
+                start += 0.01  # pacing resumes from here
     return n_msgs
 
 
@@ -221,7 +233,9 @@ async def _until(done: Any, timeout_s: float) -> None:
 async def run(seconds: float, break_at_s: float, speed: float, seed: int, ports: tuple[int, int, int]) -> RobotResult:
     """Run the daemon, the robot and the subscriber; collect what the subscriber received."""
     result = RobotResult()
-    t0_s = float(round(time.time()))  # the robot's clock: Unix seconds, advancing `speed` x faster than real time
+    # the robot's clock: Unix seconds, advancing `speed` x faster than real time; it starts in the past so that it
+    # never runs ahead of the wall clock (the daemon refuses samples stamped beyond channels.max_future_s)
+    t0_s = float(round(time.time() - seconds))
     daemon = Daemon(parse_config(daemon_config(*ports)))  # loads the model (and calibrates once per machine)
     daemon_task = asyncio.create_task(daemon.run(install_signals=False))
     push = zmq.asyncio.Context.instance().socket(zmq.PUSH)
@@ -249,7 +263,12 @@ async def run(seconds: float, break_at_s: float, speed: float, seed: int, ports:
 
             readers = [asyncio.create_task(take_snapshots()), asyncio.create_task(take_events())]
             robot = Robot(np.random.default_rng(seed), break_at_s)
-            sent = await _publish(push, robot, seconds, speed, t0_s)
+
+            def evaluated_s() -> float:
+                latest = daemon.engine.latest
+                return latest.t_ns / 1e9 if latest is not None else float("-inf")
+
+            sent = await _publish(push, robot, seconds, speed, t0_s, evaluated_s)
             await _until(lambda: src.counters.messages >= sent, timeout_s=10.0)  # all ingested ...
             await daemon.engine.flush()  # ... and every window that is due evaluated
             await asyncio.sleep(0.3)  # ... and its snapshot and events have crossed the PUB socket
