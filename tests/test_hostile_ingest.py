@@ -248,6 +248,21 @@ def test_mqtt_source_drops_long_topics_from_a_real_broker(mqtt_broker):
     assert src.counters.drops == {"topic": 50} and got == [f"{prefix}/ok/value"]
 
 
+def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
+    """The MQTT source's incoming queue refuses (and counts as queue_full) a message that would take it past
+    queue_bytes, however few messages it holds; taking one out frees its bytes."""
+    np.random.default_rng(54)
+    src = MqttSource(settings=MqttSettings(), topics=["x/#"], decoder=PayloadDecoder(), sink=lambda c, t, v: len(t),
+                     queue_size=1000, queue_bytes=100_000)  # fmt: skip
+    inbox = src._queue_type()()
+    for k in range(10):
+        inbox.put_nowait(aiomqtt.Message("x/y", b"1" * 30_000, qos=0, retain=False, mid=k, properties=None))
+    assert inbox.qsize() == 3 and src.counters.queue_full == 7 and src.queue_depth == 3
+    inbox.get_nowait()
+    inbox.put_nowait(aiomqtt.Message("x/y", b"1" * 30_000, qos=0, retain=False, mid=11, properties=None))
+    assert inbox.qsize() == 3 and src.counters.queue_full == 7
+
+
 def test_zmq_many_frame_message_is_read_a_frame_at_a_time():
     """A 40-frame message of 1 MB frames is dropped as "frames" without this process ever holding it whole, a
     two-frame message over max_message_bytes in all is "oversize", and a normal message still decodes."""
