@@ -169,6 +169,16 @@ class _StoppableEstimator(Estimator):
         self._check()
         return super().estimate_batch(x, y)
 
+    def estimate_ranks(
+        self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray | None = None
+    ) -> np.ndarray:
+        out = []
+        for k in range(0, len(iu), 2 * _STOP_CHUNK):
+            self._check()
+            sl = slice(k, k + 2 * _STOP_CHUNK)
+            out.append(super().estimate_ranks(u, iu[sl], iv[sl], constant))
+        return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
+
 
 _CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
 
