@@ -734,7 +734,7 @@ class Daemon:
                         "(the model on %s windows of independent noise, once per setting; about %s on this CPU, "
                         "then cached in %s); /healthz says \"starting\" meanwhile, Ctrl-C stops",
                         ec.window_len, f"{_null_windows(ec.false_alarm_rate):,}",
-                        _calibration_eta(ec.window_len, ec.false_alarm_rate), _cache_dir_text(),
+                        _duration(calibration_eta_s(ec.window_len, ec.false_alarm_rate)), _cache_dir_text(),
                     )  # fmt: skip
                 else:
                     log.info("still measuring the null calibration (%.0f s so far)", time.monotonic() - t0)
@@ -842,9 +842,13 @@ def _null_windows(false_alarm_rate: float) -> int:
     return int(min(20_000, max(2_000, 10 / false_alarm_rate)))
 
 
-def _calibration_eta(window_len: int, false_alarm_rate: float) -> str:
+def calibration_eta_s(window_len: int, false_alarm_rate: float) -> float:
+    """Expected seconds of a first-start null calibration on a small CPU (the progress line says it)."""
     # measured on a busy 2-core CPU: about 0.6 ms per window plus 4 us per window sample (512: 27 s, 1024: 48 s)
-    s = (6e-4 + 4e-6 * window_len) * _null_windows(false_alarm_rate)
+    return (6e-4 + 4e-6 * window_len) * _null_windows(false_alarm_rate)
+
+
+def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
 
 

@@ -183,6 +183,11 @@ class _StoppableEstimator(Estimator):
 _CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
 
 
+# Null calibrations shipped for the default false_alarm_rate and min_effect at windows 256, 512, 1024 and 2048
+# (shipped weights, CPU), so most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
+SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
+
+
 def _cache_dir() -> Path:
     return Path(os.environ.get("STREAMCORR_CACHE_DIR") or Path.home() / ".cache" / "streamcorr")
 
@@ -195,8 +200,10 @@ def _calibration(est: Estimator, window_len: int, rate: float, min_effect: float
         return _CALIBRATIONS[key]
     path = _cache_dir() / f"null-{key[0]}-{window_len}-{rate:g}-{min_effect:g}.json"
     cal: NullCalibration | None = None
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        cal = NullCalibration(**json.loads(path.read_text()))
+    for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            cal = NullCalibration(**json.loads(known.read_text()))
+            break
     if cal is None:
         cal = NullCalibration.measure(est.estimate_batch, window_len, rate, min_effect)
         try:

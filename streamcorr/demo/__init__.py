@@ -10,6 +10,7 @@ imported when a function needs it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ __all__ = [
     "DEMO_DELTA",
     "SLOW_CHANNELS",
     "Pair",
+    "RecentRate",
     "Rig",
     "ScriptCheck",
     "ScriptedChange",
@@ -178,6 +180,30 @@ def check_script(
     )
 
 
+class RecentRate:
+    """Rate of a growing count over about the last ``window_s`` seconds, not since the start: the engine's first
+    window and the model's warm-up must not read as the engine falling behind (a since-start average climbs for
+    minutes after a slow start).
+
+    >>> r = RecentRate(window_s=10.0)
+    >>> [round(r.update(n, now=t)) for t, n in ((0.0, 0), (10.0, 100), (20.0, 2100), (30.0, 4100))]
+    [0, 10, 200, 200]
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._points: collections.deque[tuple[float, float]] = collections.deque()
+
+    def update(self, total: float, now: float | None = None) -> float:
+        """Record the count ``total`` at ``now`` (monotonic seconds) and return the recent rate per second."""
+        now = time.monotonic() if now is None else now
+        self._points.append((now, total))
+        while len(self._points) > 2 and self._points[1][0] <= now - self.window_s:
+            self._points.popleft()  # keep one point at or before the window's start, so the span is a full window
+        t0, n0 = self._points[0]
+        return (total - n0) / (now - t0) if now > t0 else 0.0
+
+
 def _drops(engine: Engine) -> dict[str, int]:
     c = engine.counters
     return {**engine.sample_drops(), "snapshots": c.snapshots_dropped, "events": c.events_dropped}
@@ -246,15 +272,14 @@ async def run_live_demo(
     total = round(duration * rig.rate_hz)
     started = time.monotonic()
     sent = 0
-    pairs_at_start = 0
+    sample_rate, pair_rate = RecentRate(), RecentRate()  # over the last 10 s: what the engine does now
 
     def stats() -> dict[str, Any]:
-        wall = max(time.monotonic() - started, 1e-9)
         snap = engine.latest
         return {
             "title": f"streamcorr demo: simulated robot arm (seed {seed}, {speed:g}x real time)",
-            "samples_per_s": sent * len(rig.channels) / wall,
-            "pairs_per_s": (engine.counters.pairs_evaluated - pairs_at_start) / wall,
+            "samples_per_s": sample_rate.update(sent * len(rig.channels)),
+            "pairs_per_s": pair_rate.update(engine.counters.pairs_evaluated),
             "drops": _drops(engine),
             "pearson": pearson.matrix(snap.channels) if snap is not None else None,
         }

@@ -188,7 +188,7 @@ class PayloadDecoder:
         try:
             obj = self._parse(bytes(payload))
         except Exception as exc:  # any parser failure (ValueError, RecursionError, msgpack errors) is "decode"
-            return self._reject(topic, "decode", f"{type(exc).__name__}: {exc}")
+            return self._reject(topic, "decode", self._undecodable(payload, exc))
         if isinstance(obj, dict):
             out = self._object(topic, obj, arrival_s)
         elif _is_number(obj) or obj is None:
@@ -247,6 +247,14 @@ class PayloadDecoder:
         if fmt == "msgpack":
             return msgpack.unpackb(payload, raw=False, strict_map_key=False)
         return float(payload.decode("ascii"))
+
+    def _undecodable(self, payload: bytes, exc: Exception) -> str:
+        """What a user can act on: the formats tried and how the payload starts (not msgpack's ExtraData)."""
+        shown = repr(bytes(payload[:40])) + ("..." if len(payload) > 40 else "")
+        if self.format == "auto" and payload[:64].lstrip()[:1] != b"{":
+            return f"not JSON, msgpack or a bare number: {shown} (see the README's payload formats)"
+        fmt = "JSON" if self.format in ("auto", "json") else self.format
+        return f"not valid {fmt} ({type(exc).__name__}: {str(exc)[:120]}): {shown}"
 
     def _reject(self, topic: str, reason: str, detail: str, n: int = 1) -> list[Batch]:
         self._drop(topic, reason, detail, n)
