@@ -464,10 +464,14 @@ class Engine:
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
         pick = self._next_pairs()
+        was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
         if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
             hop_ns = self.cfg.hop_samples * self.resampler.period_ns
             plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
             pick = plan.pick
+            pp = self._pairs[pick]
+            was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
+            screen_level = self.state.mi[pp[:, 0], pp[:, 1]]
             sp = self._pairs[plan.screened]
             self.state.update(sp[:, 0], sp[:, 1], plan.screened_mi, np.ones(len(sp)), end_tick, source=SOURCE_SCREEN)
             cnt.pairs_screened += len(sp)
@@ -500,6 +504,9 @@ class Engine:
         self.counters.hops += 1
         names = self.channels
         events = []
+        if was_screened is not None and screen_level is not None:  # the screen's verdict is the pair's prior state
+            for k in np.flatnonzero(done & was_screened):
+                self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
         for a, b, m in zip(i[done], j[done], mi[done], strict=True):
             ev = self.detector.update((names[a], names[b]), float(m), end_tick)
             if ev is not None:

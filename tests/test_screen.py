@@ -221,3 +221,31 @@ def test_pairs_selection_with_screening(tmp_path, monkeypatch) -> None:
     assert snap.source is not None
     assessed = {(int(a), int(b)) for a, b in zip(*np.nonzero(snap.source), strict=True) if a < b}
     assert assessed == {(0, 1), (2, 5)}
+
+
+def test_engine_new_dependence_is_reported_after_screening(tmp_path, monkeypatch) -> None:
+    """A pair that only ever failed the screen and then becomes dependent yields a became-dependent event
+    (the screen's verdict is its prior state), not a silent first evaluation."""
+    monkeypatch.setenv("STREAMCORR_CACHE_DIR", str(tmp_path))
+    n_ch, window, hop = 30, 512, 50  # at window 512 an independent pair passes the screen with p < 0.001
+    names = [f"c{k:02d}" for k in range(n_ch)]
+    cfg = EngineConfig(channels=names, rate_hz=50.0, window_len=window, hop_samples=hop, screening="on",
+                       max_age_s=1000.0)  # fmt: skip
+    eng = Engine(cfg)
+    rng = np.random.default_rng(8)
+    n = window + 16 * hop
+    data = rng.standard_normal((n_ch, n))
+    onset = window + 4 * hop
+    data[29, onset:] = data[28, onset:] ** 2 + 0.3 * data[29, onset:]
+    t = np.arange(n) / 50.0
+    period = eng.resampler.period_ns
+    end0 = round(t[window - 1] * 1e9) // period * period
+    kinds = []
+    for h in range(17):
+        sl = slice(0, window) if h == 0 else slice(window + (h - 1) * hop, window + h * hop)
+        eng.push_frame(t[sl], {name: data[k, sl] for k, name in enumerate(names)})
+        snap, events = eng.evaluate(end0 + h * hop * period)
+        if h == 3:
+            assert snap.source is not None and snap.source[28, 29] == SOURCE_SCREEN
+        kinds += [ev.kind for ev in events if ev.pair == ("c28", "c29")]
+    assert kinds[:1] == ["became-dependent"], kinds

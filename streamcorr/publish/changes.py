@@ -118,5 +118,13 @@ class ChangeDetector:
         self._level[pair] = mi
         return ChangeEvent(pair, prev, mi, t_ns, candidate)
 
+    def prime(self, pair: tuple[str, str], level: float = 0.0) -> None:
+        """Start a pair not yet evaluated as independent at `level` nats (e.g. it failed the dependence screen),
+        so that its first evaluation above the threshold counts towards became-dependent instead of setting
+        the state silently."""
+        if pair not in self._dependent:
+            self._dependent[pair] = False
+            self._level[pair] = level
+
     def is_dependent(self, pair: tuple[str, str]) -> bool | None:
         return self._dependent.get(pair)
