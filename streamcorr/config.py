@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .names import name_problem
 from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING
 
 __all__ = ["Config", "load_config", "parse_config"]
@@ -116,6 +117,15 @@ class Channels(_Strict):
     auto_pairs_per_hop: int = Field(1024, ge=1)  # pairs with an auto-added channel evaluated per hop, at most
     max_future_s: float = Field(5.0, ge=0)  # samples stamped further ahead of the receive clock are dropped
     max_name_bytes: int = Field(256, ge=1, le=4096)  # channel names: UTF-8, printable, at most this long
+
+    @model_validator(mode="after")
+    def _names_fit(self) -> Channels:
+        if len(self.names) > self.max_channels:
+            raise ValueError(f"{len(self.names)} names but max_channels is {self.max_channels}: raise max_channels")
+        for name in self.names:
+            if (why := name_problem(name, self.max_name_bytes)) is not None:
+                raise ValueError(f"channel name {name!r:.60} is not usable ({why}): UTF-8, printable, max_name_bytes")
+        return self
 
 
 class Window(_Strict):

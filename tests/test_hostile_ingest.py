@@ -19,7 +19,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from streamcorr.errors import InputError
+from streamcorr.config import parse_config
+from streamcorr.errors import ConfigError, InputError
 from streamcorr.ingest.mqtt import MqttSettings, MqttSource
 from streamcorr.ingest.payload import CACHE_BYTES, PayloadDecoder
 from streamcorr.ingest.zmq import ZmqSource
@@ -64,6 +65,19 @@ def test_engine_push_refuses_bad_names_and_counts_them():
     eng._sync_channels()
     assert eng.channels == ["a", "b"]
     assert eng.sample_drops()["bad_name"] == 2 * len(BAD_NAMES)
+
+
+def test_config_refuses_unusable_names_and_more_names_than_the_channel_limit():
+    """`channels.names` with a name that breaks the rule, or more names than max_channels, is a ConfigError naming
+    the key (so `streamcorr check` catches it before a start)."""
+    np.random.default_rng(14)
+    base = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}
+    for bad in BAD_NAMES:
+        with pytest.raises(ConfigError, match="channels"):
+            parse_config(base | {"channels": {"names": ["ok", bad]}})
+    with pytest.raises(ConfigError, match="max_channels"):
+        parse_config(base | {"channels": {"names": [f"c{k}" for k in range(300)]}})
+    assert parse_config(base | {"channels": {"names": ["a", "b"], "max_channels": 2}}).channels.max_channels == 2
 
 
 def test_zmq_publisher_counts_an_unencodable_snapshot_and_keeps_publishing():
