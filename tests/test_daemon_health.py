@@ -284,3 +284,35 @@ def test_ctrl_c_during_the_first_start_is_clean_and_healthz_says_starting(tmp_pa
         text = proc.log_path.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     assert "windows of independent noise" in text and "Ctrl-C stops" in text
+
+
+def test_healthz_503s_when_input_flows_but_no_snapshot_comes(tmp_path):
+    """Samples arriving only for channels the config does not take (a wrong `channels.names`, auto_add off) make
+    /healthz 503 "degraded" once a window and `http.snapshot_stale_s` have passed without a snapshot."""
+    import zmq
+
+    http_port, in_port = free_port(), free_port()
+    src = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{in_port}", "mode": "pull", "bind": True,
+           "channel_template": "{key}"}  # fmt: skip
+    cfg = _config([src], {}, http_port, http={"snapshot_stale_s": 1.0})
+    cfg["channels"]["auto_add"] = False
+    cfg["window"] = {"samples": 32, "hop_samples": 5}
+    with _daemon(tmp_path, cfg) as proc:
+        _wait(lambda: _health(http_port)[1].get("status") in ("ok", "degraded"), "running", proc)
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(f"tcp://127.0.0.1:{in_port}")
+        try:
+            t = time.time() - 60
+            deadline = time.monotonic() + 60
+            while True:
+                push.send(json.dumps({"t": t, "x": 1.0, "y": 2.0}).encode())  # x, y: not channels a, b
+                t += 1 / RATE
+                code, body = _health(http_port)
+                if code == 503 and any("no snapshot" in problem for problem in body["problems"]):
+                    break  # (before the pusher connects, "source zmq0 not connected" is a problem too)
+                assert time.monotonic() < deadline and proc.poll() is None, body
+                time.sleep(0.05)
+        finally:
+            push.close()
+    assert body["status"] == "degraded" and body["last_snapshot_seq"] is None
