@@ -1,6 +1,6 @@
 """Engine throughput: live 64-channel load, and a channels x window scaling table.
 
-    python -m bench.engine_throughput live [--duration-s 300] [--channels 64] [--window 1024]
+    python -m bench.engine_throughput live [--duration-s 300] [--channels 64] [--window 1024] [--all-dependent]
     python -m bench.engine_throughput scaling [--quick]
 
 live: a producer pushes 100 Hz frames of C channels in real time (10 ms chunks)
@@ -8,14 +8,16 @@ into a live engine (hop = 1 s, all pairs each hop). Reports pairs refreshed per
 second, hops skipped, hop-to-publish latency p50/p99 (from the moment a window is
 due to its snapshot arriving at a subscriber) and the CPU time of each stage.
 
-scaling: evaluate() on filled buffers for each size, all pairs per hop: pairs
-per second of compute and the process memory (RSS) grown for the engine.
+scaling: evaluate() on filled buffers for each size, screening off (all pairs per
+hop) and on (the screen assesses every pair, the network runs on its budget): hop
+time, pairs assessed per second, and the process memory (RSS) grown for the engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -35,9 +37,12 @@ def _state_mb(eng: Engine) -> float:
     return total / 2**20
 
 
-def _signals(n_ch: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Channels in coupled groups of four (linear, quadratic, sine), the rest noise: (n_ch, n)."""
+def _signals(n_ch: int, n: int, rng: np.random.Generator, all_dependent: bool = False) -> np.ndarray:
+    """Channels in coupled groups of four (linear, quadratic, sine), the rest noise: (n_ch, n). all_dependent:
+    every channel is one common source plus its own noise, so every pair is dependent (about 0.35 nats)."""
     x = rng.standard_normal((n_ch, n))
+    if all_dependent:
+        return x[0] + 0.9 * x
     for g in range(0, n_ch - 3, 8):
         x[g + 1] = 0.7 * x[g] + 0.5 * x[g + 1]
         x[g + 2] = x[g] ** 2 + 0.5 * x[g + 2]
@@ -45,12 +50,14 @@ def _signals(n_ch: int, n: int, rng: np.random.Generator) -> np.ndarray:
     return x
 
 
-async def _live(n_ch: int, window: int, duration_s: float, chunk_ms: float, rate: float = 100.0) -> dict[str, object]:
+async def _live(
+    n_ch: int, window: int, duration_s: float, chunk_ms: float, rate: float = 100.0, all_dependent: bool = False
+) -> dict[str, object]:
     names = [f"ch{k:03d}" for k in range(n_ch)]
     cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000)
     eng = Engine(cfg)
     rng = np.random.default_rng(0)
-    data = _signals(n_ch, int(rate * (duration_s + 30)), rng)
+    data = _signals(n_ch, int(rate * (duration_s + 30)), rng, all_dependent)
     latencies: list[float] = []
     ingest_s = 0.0
 
@@ -79,7 +86,8 @@ async def _live(n_ch: int, window: int, duration_s: float, chunk_ms: float, rate
     lat = np.array(latencies[2:]) if len(latencies) > 4 else np.array(latencies)
     return {
         "channels": n_ch, "window_len": window, "rate_hz": rate, "duration_s": duration_s, "pairs": n_pairs,
-        "chunk_ms": chunk_ms,
+        "chunk_ms": chunk_ms, "all_dependent": all_dependent, "screening": cfg.screening,
+        "pairs_screened": c.pairs_screened, "load_1min": os.getloadavg()[0],
         "hops": c.hops, "hops_skipped": c.hops_skipped,
         "pairs_refreshed_per_s": c.pairs_evaluated / duration_s,
         # the first window needs window/rate seconds of data before any hop can run
@@ -90,11 +98,15 @@ async def _live(n_ch: int, window: int, duration_s: float, chunk_ms: float, rate
 
 
 def live(args: argparse.Namespace) -> None:
-    res = asyncio.run(_live(args.channels, args.window, args.duration_s, args.chunk_ms))
+    res = asyncio.run(
+        _live(args.channels, args.window, args.duration_s, args.chunk_ms, all_dependent=args.all_dependent)
+    )
     total = sum(res["cpu_s"].values())  # type: ignore[union-attr]
     md = [f"## Live engine: {res['channels']} channels at {res['rate_hz']:.0f} Hz, window {res['window_len']}, "
-          f"hop 1 s, all {res['pairs']} pairs, {res['duration_s']:.0f} s, "
-          f"samples arrive as one frame of all channels every {res['chunk_ms']:.0f} ms\n",
+          f"hop 1 s, all {res['pairs']} pairs{' (every pair dependent)' if res['all_dependent'] else ''}, "
+          f"{res['duration_s']:.0f} s, samples arrive as one frame of all channels every {res['chunk_ms']:.0f} ms; "
+          f"screening {res['screening']} ({res['pairs_screened']} cells given the screen's figure); machine load "
+          f"average (1 min) at the end {res['load_1min']:.1f} (2 cores, shared)\n",
           f"- pairs refreshed per second once the first window is full: "
           f"**{res['pairs_refreshed_per_s_after_first_window']:.0f}** (target {res['pairs']}); "
           f"over the whole run including the {res['window_len'] / res['rate_hz']:.1f} s fill: "
@@ -104,41 +116,80 @@ def live(args: argparse.Namespace) -> None:
           f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB", "",
           "| stage | CPU s | share |", "|---|---|---|"]  # fmt: skip
     md += [f"| {k} | {v:.1f} | {100 * v / total:.0f}% |" for k, v in res["cpu_s"].items()]  # type: ignore[union-attr]
-    write_results(f"engine_live_{res['channels']}ch_{res['window_len']}", {"env": environment(), **res}, "\n".join(md))
+    name = f"engine_live_{res['channels']}ch_{res['window_len']}" + ("_all_dependent" if args.all_dependent else "")
+    write_results(name, {"env": environment(), **res}, "\n".join(md))
+
+
+def _scaling_row(n_ch: int, window: int, screening: str, hops: int, cap: int | None = None) -> dict[str, object]:
+    """One engine on filled buffers: the median of `hops` hops after the first (which ranks from scratch and,
+    with screening, probes the model and loads the calibration). With `cap`, screening off evaluates only
+    the stalest `cap` pairs per hop and the full hop is extrapolated from the per-pair stages."""
+    rss0 = rss_mb()
+    names = [f"ch{k:03d}" for k in range(n_ch)]
+    cfg = EngineConfig(channels=names, rate_hz=100.0, window_len=window, hop_samples=100, max_channels=max(256, n_ch),
+                       screening=screening, max_pairs_per_hop=cap)  # fmt: skip
+    eng = Engine(cfg)
+    data = _signals(n_ch, window + 100 * (hops + 1), np.random.default_rng(1))
+    t = np.arange(data.shape[1]) / 100.0
+    period = eng.resampler.period_ns
+    end0 = round(t[window - 1] * 1e9) // period * period
+    for c, name in enumerate(names):
+        eng.push(name, t[:window], data[c, :window])
+    eng.evaluate(end0)  # first window: full ranks (and the screen's one-time costs)
+    times, stages, network = [], [], []
+    for h in range(1, hops + 1):
+        for c, name in enumerate(names):
+            eng.push(
+                name, t[window + (h - 1) * 100 : window + h * 100], data[c, window + (h - 1) * 100 : window + h * 100]
+            )
+        before, n_before = dict(eng.counters.stage_s), eng.counters.pairs_evaluated
+        t0 = time.perf_counter()
+        eng.evaluate(end0 + h * 100 * period)  # later hops: incremental ranks
+        times.append(time.perf_counter() - t0)
+        stages.append({k: v - before.get(k, 0.0) for k, v in eng.counters.stage_s.items()})
+        network.append(eng.counters.pairs_evaluated - n_before)
+    k = int(np.argsort(times)[len(times) // 2])  # the median hop, with its own stage split
+    n_pairs = n_ch * (n_ch - 1) // 2
+    hop_s, st = times[k], stages[k]
+    extrapolated = cap is not None and screening == "off" and network[k] < n_pairs
+    if extrapolated:  # per-pair stages scale with the pair count, the rest does not
+        per_pair = st.get("histograms", 0.0) + st.get("model", 0.0)
+        hop_s = hop_s - per_pair + per_pair * n_pairs / max(1, network[k])
+    row = {"channels": n_ch, "window_len": window, "screening": screening, "pairs": n_pairs,
+           "hop_s": hop_s, "extrapolated": extrapolated,
+           "network_pairs_per_hop": n_pairs if extrapolated else network[k],
+           "assessed_pairs_per_s": n_pairs / hop_s,
+           "screen_s": st.get("screen", 0.0), "model_s": st.get("model", 0.0),
+           "budget": eng.screener.budget(), "model_pairs_per_s": eng.screener.pairs_per_s,
+           "state_mb": _state_mb(eng), "rss_grown_mb": rss_mb() - rss0, "load_1min": os.getloadavg()[0]}  # fmt: skip
+    print(row, flush=True)
+    return row
 
 
 def scaling(args: argparse.Namespace) -> None:
     rows = []
-    sizes = [(16, 256), (64, 1024)] if args.quick else [(c, w) for c in (16, 64, 256) for w in (256, 1024, 4096)]
-    for n_ch, window in sizes:
-        rss0 = rss_mb()
-        names = [f"ch{k:03d}" for k in range(n_ch)]
-        eng = Engine(EngineConfig(channels=names, rate_hz=100.0, window_len=window, hop_samples=100))
-        data = _signals(n_ch, window + 300, np.random.default_rng(1))
-        t = np.arange(data.shape[1]) / 100.0
-        for c, name in enumerate(names):
-            eng.push(name, t, data[c])
-        period = eng.resampler.period_ns
-        end0 = round(t[window - 1] * 1e9) // period * period
-        eng.evaluate(end0)  # first window: full ranks
-        times = []
-        for h in range(1, 3 if n_ch > 64 else 6):  # fewer repeats where one hop takes ~15 s
-            t0 = time.perf_counter()
-            eng.evaluate(end0 + h * 100 * period)  # later hops: incremental ranks
-            times.append(time.perf_counter() - t0)
-        n_pairs = n_ch * (n_ch - 1) // 2
-        rows.append({"channels": n_ch, "window_len": window, "pairs": n_pairs, "hop_s": float(np.median(times)),
-                     "pairs_per_s": n_pairs / float(np.median(times)), "state_mb": _state_mb(eng),
-                     "rss_grown_mb": rss_mb() - rss0})  # fmt: skip
-        print(rows[-1], flush=True)
-        del eng
+    if args.quick:
+        sizes = [(16, 256, "off"), (64, 256, "on")]
+    else:
+        sizes = [(c, w, s) for s in ("off", "on") for c in (64, 256, 1024) for w in (256, 1024)]
+    for n_ch, window, screening in sizes:
+        cap = 8_160 if (screening == "off" and n_ch >= 256) else None  # a full hop there takes minutes
+        rows.append(_scaling_row(n_ch, window, screening, hops=2 if n_ch >= 256 else 4, cap=cap))
     md = [
-        "## Engine scaling: one hop evaluating every pair (compute only; median of 5 hops, 2 at 256 channels)\n",
-        "| channels | window | pairs | s per hop | pairs/s | engine state MB | RSS grown MB |",
-        "|---|---|---|---|---|---|---|",
+        "## Engine scaling: one hop on filled buffers, screening off (every pair) and on (compute only; median "
+        "of 4 hops, 2 at >= 256 channels)\n",
+        "Screening on: every pair is assessed by the screen each hop and the network runs on the budget "
+        "(0.8 x hop x the measured model pairs/s). Off at >= 256 channels: one hop of 8,160 pairs measured, the "
+        "per-pair stages (histograms, model) scaled to all pairs (marked *). The machine is shared; the 1-min "
+        "load average at each row is listed.\n",
+        "| channels | window | screening | pairs | s per hop | network pairs per hop | pairs assessed/s | "
+        "screen s | model pairs/s | engine state MB | RSS grown MB | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    md += [f"| {r['channels']} | {r['window_len']} | {r['pairs']} | {r['hop_s']:.2f} | {r['pairs_per_s']:.0f} | "
-           f"{r['state_mb']:.1f} | {r['rss_grown_mb']:.0f} |" for r in rows]  # fmt: skip
+    md += [f"| {r['channels']} | {r['window_len']} | {r['screening']} | {r['pairs']} | {r['hop_s']:.2f}"
+           f"{'*' if r['extrapolated'] else ''} | {r['network_pairs_per_hop']} | {r['assessed_pairs_per_s']:.0f} | "
+           f"{r['screen_s']:.2f} | {r['model_pairs_per_s'] or float('nan'):.0f} | {r['state_mb']:.1f} | "
+           f"{r['rss_grown_mb']:.0f} | {r['load_1min']:.1f} |" for r in rows]  # fmt: skip
     write_results("engine_scaling_quick" if args.quick else "engine_scaling", {"env": environment(), "rows": rows},
                   "\n".join(md))  # fmt: skip
 
@@ -151,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--channels", type=int, default=64)
     lv.add_argument("--window", type=int, default=1024)
     lv.add_argument("--chunk-ms", type=float, default=100.0, help="producer sends all channels' samples this often")
+    lv.add_argument("--all-dependent", action="store_true", help="every pair dependent: screening cannot help")
     lv.set_defaults(func=live)
     sc = sub.add_parser("scaling")
     sc.add_argument("--quick", action="store_true")

@@ -6,9 +6,9 @@
 ZeroMQ outputs; no screening or pair keys) ingests 256 channels that this process PUSHes in real time as
 msgpack chunks every 100 ms (wall-clock timestamps). 60 groups of four channels share a source s: a hub
 (s plus a little noise) and three spokes f(s) + noise with f linear, square, sine or abs, so every pair in
-a group is dependent (360 pairs, 330 of them >= 0.2 nats: 1% of 32,640); 16 more channels form 8 pairs that become dependent at
-``onset_s`` (linear, square, sine, abs, twice); cross-group pairs are independent. A SUB socket in a thread of this
-process decodes every snapshot and event envelope.
+a group is dependent (360 pairs, 330 of them >= 0.2 nats: 1% of 32,640); 16 more channels form 8 pairs
+that become dependent at ``onset_s`` (linear, square, sine, abs, twice); cross-group pairs are
+independent. A SUB socket in a thread of this process decodes every snapshot and event envelope.
 
 Ground truth for the in-group pairs is the model's mean estimate on long windows (4 x 4096 samples) of the
 same generator: pairs at >= 0.2 nats are "dependent", weaker ones are left out of both the dependent and
