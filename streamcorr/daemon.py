@@ -369,7 +369,21 @@ class _LocalOutputs:
 
     async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
         if self.d.web is not None:
-            self.d.web.publish_stats(dict(counters))
+            self.d.web.publish_stats(_web_summary(counters))
+
+
+def _web_summary(counters: Mapping[str, float | int]) -> dict[str, float | int | str]:
+    """The web page's status line: the headline numbers and the losses summed (/metrics has each one)."""
+    headline = ("channels", "hops", "hops_skipped", "pairs_evaluated", "publish_lag_s")
+    out: dict[str, float | int | str] = {k: counters[k] for k in headline if k in counters}
+    out["healthy"] = "yes" if counters.get("healthy") else "no"
+    sources = {k.split(".", 1)[0] for k in counters if k.endswith(".samples_handed")}
+    out["samples_dropped"] = sum(counters.get(f"{s}.dropped", 0) for s in sources) + sum(
+        v for k, v in counters.items() if k.startswith("engine.dropped.")
+    )
+    out["messages_lost"] = sum(counters.get(f"{s}.seq_gaps", 0) for s in sources)
+    out["output_errors"] = sum(v for k, v in counters.items() if k.startswith("output.") and ".errors." in k)
+    return out
 
 
 class Daemon:
