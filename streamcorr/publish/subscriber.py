@@ -10,6 +10,11 @@ wait in bounded queues (``queue_size`` each; when a consumer falls behind the ol
 counted in ``counters.dropped``). Sequence numbers are checked per topic: messages lost on the way are
 counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
 
+Each snapshot says where it comes from in ``snap.origin``: ``"live"``, ``"retained"`` (the broker's or the
+cache's copy, made ``snap.wall_age_s`` ago) or ``"offline"`` (the publisher's newest status says "offline":
+a daemon that is gone). The status topic is subscribed first, so its retained copy is known before the
+retained snapshot it qualifies.
+
 Two ways to consume, one per subscriber:
 
 - asyncio: ``async with Subscriber(url) as sub:`` then ``async for snap in sub.snapshots():``;
