@@ -277,9 +277,12 @@ class _Metrics(Collector):
             lost = CounterMetricFamily(
                 "streamcorr_engine_dropped", "Engine outputs and pairs lost, by kind", labels=["kind"]
             )
+            shown = {*_ENGINE_SHOWN, *engine.sample_drops()}
             for field, n in _numbers(ec).items():
                 if field.endswith("_dropped") or field == "pairs_low_coverage":
                     lost.add_metric([field], n)
+                elif field not in shown and "." not in field:  # any other engine counter, by its own name
+                    yield CounterMetricFamily(f"streamcorr_engine_{field}", f"Engine: {field}", value=n)
             yield lost
             stages = CounterMetricFamily("streamcorr_stage_seconds", "Time spent per engine stage", labels=["stage"])
             for stage, sec in ec.stage_s.items():
@@ -335,6 +338,8 @@ class _Metrics(Collector):
             )
 
 
+# engine counters with their own series (or in the drops by reason); others become streamcorr_engine_<name>
+_ENGINE_SHOWN = frozenset({"hops", "hops_skipped", "pairs_evaluated", "last_hop_s"})
 # ingest counters with their own series above; all other numeric ones become streamcorr_source_<name>
 _INGEST_SHOWN = frozenset({"messages", "samples_handed", "queue_full", "dropped", "samples_rejected"})
 _INGEST_HELP = {
@@ -532,7 +537,7 @@ class Daemon:
             out.update(channels=len(self._engine.channels), hops=ec.hops, hops_skipped=ec.hops_skipped,
                        pairs_evaluated=ec.pairs_evaluated)  # fmt: skip
             for field, n in _numbers(ec).items():
-                if field.endswith("_dropped") or field == "pairs_low_coverage":
+                if field not in {*_ENGINE_SHOWN, *self._engine.sample_drops()} and "." not in field:
                     out[f"engine.{field}"] = n
             for reason, n in self._engine.sample_drops().items():
                 out[f"engine.dropped.{reason}"] = n
