@@ -44,8 +44,8 @@ class RateLimitedLog:
 
 class RepeatLimitFilter(logging.Filter):
     """Bounds log volume whatever logs it (asyncio's accept errors included): per logger and message
-    template, at most ``max_per_window`` lines per ``window_s``; the first line after a quiet spell says how
-    many were held back.
+    template, at most ``max_per_window`` lines per ``window_s``, and ``10 * max_per_window`` lines in all (a flood
+    of distinct messages); the first line after a quiet spell says how many were held back.
 
     >>> f = RepeatLimitFilter(max_per_window=2, window_s=60)
     >>> rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "accept failed: %s", ("EMFILE",), None)
@@ -58,21 +58,32 @@ class RepeatLimitFilter(logging.Filter):
         self.max_per_window = max_per_window
         self.window_s = window_s
         self._state: dict[tuple[str, str], list[float]] = {}  # key -> [window start, lines, held back]
+        self._all = [-math.inf, 0.0, 0.0]  # the same for every line together
 
     def filter(self, record: logging.LogRecord) -> bool:
         now = time.monotonic()
         key = (record.name, str(record.msg)[:200])
         state = self._state.get(key)
+        held = 0
         if state is None or now - state[0] >= self.window_s:
             held = int(state[2]) if state is not None else 0
             if len(self._state) > 4096:  # templates are few; a flood of distinct ones must not grow this
                 self._state.clear()
-            self._state[key] = [now, 1, 0]
-            if held:
-                record.msg = f"{record.msg} ({held} similar lines held back in the previous {self.window_s:g} s)"
-            return True
-        if state[1] < self.max_per_window:
-            state[1] += 1
-            return True
-        state[2] += 1
-        return False
+            state = self._state[key] = [now, 0, 0]
+        if state[1] >= self.max_per_window:
+            state[2] += 1
+            return False
+        total = self._all  # lines let through in all, so that distinct messages cannot flood either
+        if now - total[0] >= self.window_s:
+            if total[2]:
+                record.msg = f"{record.msg} ({int(total[2])} log lines held back in a flood before this one)"
+            self._all = total = [now, 0, 0]
+        if total[1] >= 10 * self.max_per_window:
+            total[2] += 1
+            state[2] += 1
+            return False
+        total[1] += 1
+        state[1] += 1
+        if held:
+            record.msg = f"{record.msg} ({held} similar lines held back in the previous {self.window_s:g} s)"
+        return True

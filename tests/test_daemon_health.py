@@ -316,3 +316,20 @@ def test_healthz_503s_when_input_flows_but_no_snapshot_comes(tmp_path):
         finally:
             push.close()
     assert body["status"] == "degraded" and body["last_snapshot_seq"] is None
+
+
+def test_log_volume_is_bounded_per_template_and_in_all():
+    """The daemon's log filter lets through at most its limit per message template and ten times that in all,
+    so neither one repeated error nor a flood of distinct lines can fill a disk, and a quiet template still logs."""
+    import logging
+
+    from streamcorr.logutil import RepeatLimitFilter
+
+    f = RepeatLimitFilter(max_per_window=5, window_s=3600)
+
+    def record(msg: str, *args: object) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, args, None)
+
+    assert sum(f.filter(record("socket.accept() out of system resource: %s", k)) for k in range(10_000)) == 5
+    assert f.filter(record("a rare line"))
+    assert sum(f.filter(record(f"distinct line {k}")) for k in range(10_000)) == 50 - 6
