@@ -155,12 +155,20 @@ def _read_table(path: str) -> _Table:
         else:
             names.append(name or f"column {k + 1}")
             values.append(col)
+    comma = [name for k, name in enumerate(header) if name in skipped and _decimal_commas(cells[k])]
     if skipped:
-        print(f"note: skipped columns without numbers: {_list(skipped)}", file=sys.stderr)
+        hint = f" ({_list(comma)} hold decimal commas: write 1.5, not 1,5)" if comma else ""
+        print(f"note: skipped columns without numbers: {_list(skipped)}{hint}", file=sys.stderr)
     if not names:
         hint = "" if width > 1 else f"; only one column found (the delimiter is {delimiter!r})"
         raise StreamcorrError(f"{path} has no numeric column{hint}")
     return _Table(path, names, np.stack(values), skipped)
+
+
+def _decimal_commas(cells: np.ndarray) -> bool:
+    """True when most non-empty cells read as numbers once a decimal comma becomes a point."""
+    filled = [c for c in cells[:1000] if c.strip()]
+    return bool(filled) and np.isfinite(_numbers(np.array([c.replace(",", ".") for c in filled]))).mean() > 0.9
 
 
 def _numbers(cells: np.ndarray) -> np.ndarray:
@@ -312,7 +320,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="streamcorr", description="Real-time mutual information between streams.")
-    ap.add_argument("--version", action="version", version=f"streamcorr {__version__}")
+    ap.add_argument("-V", "--version", action="version", version=f"streamcorr {__version__}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     demo = sub.add_parser("demo", help="live demo: simulated robot arm, terminal view and web view (no broker)")
     demo.add_argument("--speed", type=float, default=1.0, help="simulation speed, x real time")

@@ -27,6 +27,7 @@ __all__ = ["Config", "load_config", "parse_config"]
 SCHEMA_VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake (or /dev/zero)
 MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded: a "billion laughs" file stops here
+_MAX_ERRORS_SHOWN = 10
 
 
 def echo(value: Any) -> str:
@@ -262,6 +263,8 @@ def _describe(exc: ValidationError) -> str:
             got = err.get("input")
             msg = err["msg"][:300] + ("" if isinstance(got, dict | list) else f" (got {echo(got)})")
         lines.append(f"{path}: {msg}")
+    if len(lines) > _MAX_ERRORS_SHOWN:  # a list of 100,000 wrong items is one mistake, not a page per item
+        lines[_MAX_ERRORS_SHOWN:] = [f"... and {len(lines) - _MAX_ERRORS_SHOWN} more errors"]
     return "; ".join(lines)
 
 

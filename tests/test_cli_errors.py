@@ -42,6 +42,9 @@ def _bad_configs(d: Path, rng: np.random.Generator) -> list[str]:
         "unknown_key.yaml": yaml.safe_dump({"version": 1, "sources": [GOOD_SOURCE], "windw": {}}),
         "bad_port.yaml": yaml.safe_dump({"version": 1, "sources": [{**GOOD_SOURCE, "type": "mqtt", "port": 1e9}]}),
         "nul.yaml": "version: 1\x00\n",
+        "many_errors.yaml": yaml.safe_dump(
+            {"version": 1, "sources": [GOOD_SOURCE], "channels": {"names": [1] * 50_000}}
+        ),
     }
     paths = []
     for name, text in files.items():
@@ -71,6 +74,9 @@ def _bad_tables(d: Path, rng: np.random.Generator) -> list[str]:
         "quote.csv": 'x,y\n"1,2\n',
         "huge_field.csv": "x,y\n" + "9" * 300_000 + ",1\n",
         "no_header_numbers.csv": num + "\n",
+        "decimal_comma.csv": "x;y\n"
+        + "\n".join(f"{a:.4f};{b:.4f}".replace(".", ",") for a, b in zip(x, x**2, strict=True)),
+        "spaces.csv": "x y\n" + num.replace(",", " ") + "\n",
     }
     paths = []
     for name, text in files.items():
