@@ -788,9 +788,13 @@ class Daemon:
 
     async def _serve(self) -> None:
         engine = self.engine
-        for sink in self.sinks:
+        for guard in self.outputs:
+            sink = guard.sink
             if hasattr(sink, "start"):  # ZeroMQ: binds now; MQTT: run() holds the connection
-                await sink.start()
+                try:
+                    await sink.start()
+                except StreamcorrError as exc:  # a port in use, say: name the key to change
+                    raise ConfigError(f"outputs.{guard.name}: {exc}") from None
             else:
                 task = asyncio.create_task(sink.run(), name=f"sink-{type(sink).__name__}")
                 task.add_done_callback(functools.partial(self._sink_done, type(sink).__name__))
@@ -845,7 +849,9 @@ class Daemon:
             return
         exc = task.exception()
         log.error("source %s stopped: %s; shutting down", name, exc or "returned")
-        self.failure = exc or RuntimeError(f"source {name} stopped")
+        key = f"sources.{[n for n, _ in self.sources].index(name)}"
+        self.failure = ConfigError(f"{key}: {exc}") if isinstance(exc, StreamcorrError) else exc
+        self.failure = self.failure or RuntimeError(f"{key} ({name}) stopped")
         self._stop.set()
 
     def _sink_done(self, name: str, task: asyncio.Task[Any]) -> None:

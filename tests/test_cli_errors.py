@@ -14,6 +14,7 @@ import yaml
 
 from streamcorr import __version__
 from streamcorr.cli import main
+from tests.brokers import free_port
 
 GOOD_SOURCE = {"type": "zmq", "endpoint": "tcp://127.0.0.1:1", "mode": "pull"}
 
@@ -175,15 +176,31 @@ def test_version_flag_and_bare_command_help(capsys):
         assert cmd in text
 
 
-def test_run_with_a_busy_http_port_is_a_clear_error(tmp_path, capsys):
-    """`streamcorr run` whose http.port is taken says which key to change, with no traceback."""
+@pytest.mark.parametrize("taken_by", ["http.port", "outputs.zmq", "sources.0"])
+def test_run_with_a_busy_port_is_a_clear_error(taken_by, tmp_path, capsys):
+    """`streamcorr run` whose HTTP, ZeroMQ output or ZeroMQ source port is taken says which key to change, with no
+    traceback."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        cfg = {"version": 1, "sources": [GOOD_SOURCE], "window": {"samples": 64}, "http": {"port": port}}
+        free = {"http": 0, "zmq": free_port(), "last": free_port(), "src": free_port()}
+        cfg = {
+            "version": 1,
+            "sources": [{**GOOD_SOURCE, "endpoint": f"tcp://127.0.0.1:{free['src']}", "bind": True}],
+            "window": {"samples": 64},
+            "http": {"port": free["http"]},
+            "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{free['zmq']}",
+                                "snapshot_endpoint": f"tcp://127.0.0.1:{free['last']}"}},
+        }  # fmt: skip
+        if taken_by == "http.port":
+            cfg["http"]["port"] = port
+        elif taken_by == "outputs.zmq":
+            cfg["outputs"]["zmq"]["endpoint"] = f"tcp://127.0.0.1:{port}"
+        else:
+            cfg["sources"][0]["endpoint"] = f"tcp://127.0.0.1:{port}"
         path = tmp_path / "busy.yaml"
         path.write_text(yaml.safe_dump(cfg))
         rc, text = _run_cli(["run", str(path)], capsys)
-    assert rc == 2 and "Traceback" not in text
-    assert "http.port" in text and str(port) in text
+    assert rc == 2 and "Traceback" not in text, text[-3000:]
+    assert f"streamcorr: error: {taken_by}" in text and str(port) in text, text[-3000:]
