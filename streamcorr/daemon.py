@@ -777,7 +777,7 @@ class Daemon:
             if await self._prepare_engine():
                 await self._serve()
         finally:
-            self.phase = "stopping"
+            self.phase, self.phase_detail = "stopping", "shutting down"
             await self._stop_http()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -817,7 +817,7 @@ class Daemon:
         try:
             await self._stop.wait()
         finally:
-            self.phase = "stopping"
+            self.phase, self.phase_detail = "stopping", "shutting down"
             log.info("shutting down: stopping ingest")
             await _cancel([*ingest, watch])
             with contextlib.suppress(Exception):
