@@ -40,6 +40,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -313,9 +314,26 @@ class Screener:
         self.cache_dir = cache_dir
         self.pairs_per_s: float | None = None  # the model's measured throughput
         self._calibration: ScreenCalibration | None = None
+        self._preparing: threading.Thread | None = None
+        if mode == "on":  # a first run at this window length simulates for seconds: start while the window fills
+            self._start_preparing()
+
+    def _start_preparing(self) -> None:
+        if self._preparing is None and self._calibration is None:
+            self._preparing = threading.Thread(target=self._prepare, name="streamcorr-screen-calibration", daemon=True)
+            self._preparing.start()
+
+    def _prepare(self) -> None:
+        try:
+            self._calibration = ScreenCalibration.cached(self.window_len, self.min_effect, self.cache_dir)
+        except Exception:  # the first screened hop measures again, and raises where it can be seen
+            log.exception("screen calibration failed in the background")
 
     @property
     def calibration(self) -> ScreenCalibration:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
         if self._calibration is None:
             self._calibration = ScreenCalibration.cached(self.window_len, self.min_effect, self.cache_dir)
         return self._calibration
@@ -350,6 +368,7 @@ class Screener:
             return False
         if self.mode == "auto" and n_pairs <= self.SMALL and self.max_pairs_per_hop is None:
             return False
+        self._start_preparing()
         if self.pairs_per_s is None:  # a warmed-up measurement, not the first (cold) hop's model time
             self.probe(est)
         if self.mode == "on":
@@ -360,7 +379,13 @@ class Screener:
     def plan(
         self, ranks: Sequence[np.ndarray | None], pairs: np.ndarray, scheduler: Scheduler, now_ns: int, hop_ns: int
     ) -> ScreenPlan:
-        """Screen every pair whose two channels have full-window ranks; the scheduler picks the network's pairs."""
+        """Screen every pair whose two channels have full-window ranks; the scheduler picks the network's pairs.
+        In "auto" mode, until the calibration is ready (a first run at this window length simulates for a few
+        seconds, in the background) the network refreshes the stalest pairs within the budget instead."""
+        budget = self.budget() or len(pairs)
+        if self.mode == "auto" and self._preparing is not None and self._preparing.is_alive():
+            empty = np.zeros(0, dtype=np.int64)
+            return ScreenPlan(scheduler.next_pairs()[:budget], empty, np.zeros(0), 0, budget)
         cal = self.calibration
         n_ch = len(ranks)
         full = np.array([r is not None for r in ranks], dtype=bool)
@@ -373,7 +398,6 @@ class Screener:
         stat = stat_all[i, j]
         screenable = full[i] & full[j]  # gapped pairs are not screened: they keep their cell, and rotate
         passed = screenable & (stat > cal.threshold)
-        budget = self.budget() or len(pairs)
         pick = scheduler.plan(passed, stat, now_ns, hop_ns, round(self.max_age_s * 1e9), budget)
         picked = np.zeros(len(pairs), dtype=bool)
         picked[pick] = True
