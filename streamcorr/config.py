@@ -176,6 +176,20 @@ class EstimatorConfig(_Strict):
     weights: str | None = None  # None: the shipped model
 
 
+class Compute(_Strict):
+    """Where pair MI is computed (streamcorr.compute): in the daemon's process, or on Ray actors."""
+
+    backend: Literal["local", "ray"] = "local"  # ray: pip install -e ".[ray]"
+    address: str | None = None  # ray: None starts a local instance; "auto" or "host:6379" joins a running cluster
+    workers: int = Field(2, ge=1, le=4096)  # ray: actors, each holding the model once
+    device: Literal["cpu", "cuda"] = "cpu"  # ray: each worker's device (cuda: one GPU per worker)
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024)  # ray: CPUs reserved per worker; its torch/Numba threads
+    tile_pairs: int = Field(1024, ge=1, le=1 << 24)  # ray: pairs per task (GPU workers: tens of thousands)
+    max_in_flight: int = Field(2, ge=1, le=64)  # ray: tiles queued or running per worker, at most
+    hop_timeout_s: float | None = Field(None, gt=0, le=3600)  # ray: a hop's wait for its tiles (None: one hop)
+    start_timeout_s: float = Field(120.0, gt=0, le=3600)  # ray: connect, and load the model on the workers
+
+
 class Changes(_Strict):
     false_alarm_rate: float = Field(1e-3, gt=0, lt=0.5)
     min_effect: float = Field(0.1, ge=0)
@@ -233,6 +247,7 @@ class Config(_Strict):
     pairs: Pairs = Pairs()
     screening: Screening = Screening()
     estimator: EstimatorConfig = EstimatorConfig()
+    compute: Compute = Compute()
     changes: Changes = Changes()
     outputs: Outputs = Outputs()
     http: Http = Http()

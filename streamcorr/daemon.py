@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .compute import COUNTER_HELP, GAUGES, PairEvaluator, build_evaluator
 from .config import Config, MqttConnection, Payload
 from .engine import Engine, EngineConfig
 from .errors import ConfigError, StreamcorrError
@@ -288,6 +289,7 @@ class _Metrics(Collector):
             for stage, sec in ec.stage_s.items():
                 stages.add_metric([stage], sec)
             yield stages
+            yield from _compute_metrics(engine.compute, d.cfg.compute.backend)
         depth = GaugeMetricFamily("streamcorr_queue_depth", "Items waiting in bounded queues", labels=["queue"])
         for name, n in d.queue_depths().items():
             depth.add_metric([name], n)
@@ -336,6 +338,15 @@ class _Metrics(Collector):
             yield CounterMetricFamily(
                 "streamcorr_http_header_timeouts", "Closed after http.header_timeout_s", value=g["header_timeouts"]
             )
+
+
+def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
+    """streamcorr_compute_<name> for each counter of the compute backend (streamcorr.compute.COUNTER_HELP)."""
+    for name, value in ev.counters().items():
+        family = GaugeMetricFamily if name in GAUGES else CounterMetricFamily
+        fam = family(f"streamcorr_compute_{name}", COUNTER_HELP.get(name, f"Compute: {name}"), labels=["backend"])
+        fam.add_metric([backend], value)
+        yield fam
 
 
 # engine counters with their own series (or in the drops by reason); others become streamcorr_engine_<name>
@@ -398,6 +409,7 @@ class Daemon:
         self.cfg = cfg
         self._estimator = estimator
         self._engine: Engine | None = None  # built by run(), in a worker thread (null calibration)
+        self._compute: PairEvaluator | None = None  # compute.backend ray: its workers, started with the engine
         self.sources: list[tuple[str, Any]] = []
         self.sinks: list[Any] = []
         self.outputs: list[_SinkGuard] = []
@@ -541,6 +553,7 @@ class Daemon:
                     out[f"engine.{field}"] = n
             for reason, n in self._engine.sample_drops().items():
                 out[f"engine.dropped.{reason}"] = n
+            out.update({f"compute.{k}": v for k, v in self._engine.compute.counters().items()})
         for name, src in self.sources:
             c = src.counters
             for field, n in _numbers(c).items():
@@ -718,7 +731,9 @@ class Daemon:
 
         def build() -> None:
             try:
-                engine = Engine(ec, self._estimator)
+                hop_s = ec.hop_samples / ec.rate_hz  # the Ray backend's default deadline per hop
+                self._compute = build_evaluator(self.cfg.compute, ec.estimator, hop_s)
+                engine = Engine(ec, self._estimator, compute=self._compute)
             except BaseException as exc:  # delivered to run(), which reports it
                 loop.call_soon_threadsafe(deliver, None, exc)
             else:
@@ -778,6 +793,7 @@ class Daemon:
                 await self._serve()
         finally:
             self.phase, self.phase_detail = "stopping", "shutting down"
+            await self._close_compute()
             await self._stop_http()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -785,6 +801,17 @@ class Daemon:
             log.info("stopped")
         if self.failure is not None:
             raise self.failure
+
+    async def _close_compute(self) -> None:
+        """Release the compute backend's workers, and shut down the Ray instance it started (after the engine)."""
+        if self._compute is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._compute.close), timeout=SHUTDOWN_SINK_S)
+        except TimeoutError:
+            log.warning("the compute backend did not close within %.0f s", SHUTDOWN_SINK_S)
+        except Exception:
+            log.exception("the compute backend failed to close cleanly")
 
     async def _serve(self) -> None:
         engine = self.engine

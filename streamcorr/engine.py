@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from .buffers import ChannelCounters, Resampler, RingBuffer
+from .compute import LocalEvaluator, PairEvaluator
 from .copula import SlidingRanks
 from .errors import ConfigError, InputError
 from .estimator import Estimator
@@ -242,10 +243,14 @@ class Engine:
     True
     """
 
-    def __init__(self, config: EngineConfig, estimator: Estimator | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, estimator: Estimator | None = None, compute: PairEvaluator | None = None
+    ) -> None:
         self.cfg = config
         self._stopping = threading.Event()
         self.est: Estimator = _StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
+        # the hop's network pairs go here (streamcorr.compute); its creator starts and closes one passed in
+        self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est)
         self._log = RateLimitedLog(log)
         self.resampler = Resampler(config.rate_hz, config.max_staleness_s)
         self.capacity = config.buffer_len or 2 * (config.window_len + 2 * config.hop_samples)
@@ -489,7 +494,7 @@ class Engine:
             t_model = t0
             # MI exactly 0 for a constant channel, as in the estimator (ranked channels are all finite)
             constant = np.array([r is not None and window[k].max() == window[k].min() for k, r in enumerate(ranks)])
-            mi[full] = self.est.estimate_ranks(u, i[full], j[full], constant)  # histograms + network, on its device
+            mi[full] = self.compute.estimate(u, i[full], j[full], constant)  # histograms + network: local or Ray
             t0 = cnt.add_time("model", t0)
             self.screener.observe_model(int(full.sum()), t0 - t_model)
         partial = ok & ~full
@@ -497,7 +502,7 @@ class Engine:
             both = valid[i[k]] & valid[j[k]]
             mi[k] = self.est.estimate_batch(window[i[k], both][None], window[j[k], both][None])[0]
         t0 = cnt.add_time("gapped_pairs", t0)
-        done = ok
+        done = ok & ~np.isnan(mi)  # NaN: the compute backend's tile came back too late; the cell keeps its age
         self._scheduler.mark_refreshed(pick[done], end_tick)
         self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
         self.counters.pairs_evaluated += int(done.sum())
