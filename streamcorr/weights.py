@@ -1,35 +1,67 @@
-"""Saving and loading InfoNet weights as safetensors (no pickle), config in the metadata."""
+"""Saving and loading InfoNet weights as safetensors (no pickle), config in the metadata.
+
+Shipped weights are named: ``infonet-v1`` (the default) and ``infonet-v2`` (fine-tuned from v1 on
+quantised, bounded-noise and high-MI data; see models/README.md for when it helps and when it does
+not). Anything else passed as weights is a path to a .safetensors file.
+
+>>> weights_path("infonet-v2").name
+'infonet-v2.safetensors'
+>>> weights_path(None) == weights_path(DEFAULT_WEIGHTS_NAME)
+True
+
+This module imports torch only when it loads or saves, so that the config schema can check names.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelLoadError
-from .model import InfoNet, InfoNetConfig
 
-DEFAULT_WEIGHTS = Path(__file__).parent / "data" / "infonet.safetensors"
+if TYPE_CHECKING:
+    import torch
+
+    from .model import InfoNet
+
+# One copy of each file lives in models/; streamcorr/data/<name>.safetensors are symlinks to them, which
+# setuptools follows when it builds a wheel (package data), so an installed package holds real files.
+WEIGHTS_DIR = Path(__file__).parent / "data"
+SHIPPED_WEIGHTS = ("infonet-v1", "infonet-v2")
+DEFAULT_WEIGHTS_NAME = "infonet-v1"  # v2 is not better on every acceptance table (models/README.md)
+DEFAULT_WEIGHTS = WEIGHTS_DIR / f"{DEFAULT_WEIGHTS_NAME}.safetensors"
+
+
+def weights_path(weights: str | Path | None) -> Path:
+    """The file of a shipped name (``None``: the default), or ``weights`` itself as a path."""
+    if weights is None:
+        return DEFAULT_WEIGHTS
+    if isinstance(weights, str) and weights in SHIPPED_WEIGHTS:
+        return WEIGHTS_DIR / f"{weights}.safetensors"
+    return Path(weights)
 
 
 def save_weights(model: InfoNet, path: Path, meta: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata={"streamcorr": json.dumps(meta)})
 
 
 def load_model(path: Path | str | None = None, device: str | torch.device = "cpu") -> tuple[InfoNet, dict[str, Any]]:
-    """Build InfoNet from a safetensors file; returns the model (eval mode) and its metadata."""
-    path = Path(path) if path is not None else DEFAULT_WEIGHTS
+    """Build InfoNet from a shipped name or a safetensors file; returns the model (eval mode) and its metadata."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    from .model import InfoNet, InfoNetConfig
+
+    path = weights_path(path)
     if not path.is_file():
-        msg = f"model weights not found at {path}; reinstall streamcorr or pass weights=<path to .safetensors>"
+        names = ", ".join(SHIPPED_WEIGHTS)
+        msg = f"model weights not found at {path}; pass one of {names}, or a path to a .safetensors file"
         raise ModelLoadError(msg)
     try:
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {})["streamcorr"])
         tensors = load_file(str(path), device=str(device))

@@ -20,9 +20,10 @@ def test_shipped_weights_load_without_network(est):
     """The default estimator loads the committed safetensors weights and their metadata."""
     assert est.meta["config"]["grid"] == est.grid
     assert est.meta["step"] > 0
-    shipped = Path(streamcorr.__file__).parent / "data" / "infonet.safetensors"
-    assert shipped.resolve().name == "infonet-v1.safetensors"
-    assert shipped.resolve().parent.name == "models"
+    shipped = Path(streamcorr.__file__).parent / "data" / "infonet-v1.safetensors"
+    assert shipped.is_file()
+    if shipped.is_symlink():  # a source checkout: the one copy lives in models/ (a wheel holds the file itself)
+        assert shipped.resolve().parent.name == "models"
 
 
 @pytest.mark.parametrize("rho", [0.0, 0.6, -0.9])
