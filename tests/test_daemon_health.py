@@ -333,3 +333,26 @@ def test_log_volume_is_bounded_per_template_and_in_all():
     assert sum(f.filter(record("socket.accept() out of system resource: %s", k)) for k in range(10_000)) == 5
     assert f.filter(record("a rare line"))
     assert sum(f.filter(record(f"distinct line {k}")) for k in range(10_000)) == 50 - 6
+
+
+def test_standalone_web_view_closes_half_sent_requests():
+    """The demo's standalone web view bounds header time too: a half-sent request is closed, the page still
+    loads."""
+    from streamcorr.publish.web import WebView
+
+    async def main() -> tuple[bytes, int]:
+        async with WebView(port=0, header_timeout_s=0.5) as view:
+            port = int(view.url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finished
+            await writer.drain()
+            try:
+                closed = await asyncio.wait_for(reader.read(), 30)
+            except ConnectionResetError:  # an abort may reset rather than end the stream: closed all the same
+                closed = b""
+            writer.close()
+            code = await asyncio.to_thread(lambda: _get(f"http://127.0.0.1:{port}/")[0])
+            return closed, code
+
+    closed, code = asyncio.run(main())
+    assert closed == b"" and code == 200

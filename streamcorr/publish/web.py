@@ -206,6 +206,7 @@ class WebView:
         history_len: int = 300,
         table_fn: TableFn | None = None,
         max_clients: int = 16,
+        header_timeout_s: float = 10.0,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in 0..65535 (0 picks a free one); got {port}")
@@ -220,6 +221,7 @@ class WebView:
         self.history_len = history_len
         self.table_fn = table_fn
         self.max_clients = max_clients
+        self.header_timeout_s = header_timeout_s  # standalone server: time to send a request's headers
         self.counters = WebViewCounters()
         self._history = _History(history_len)
         self._outboxes: dict[web.WebSocketResponse, _Outbox] = {}
@@ -229,6 +231,7 @@ class WebView:
         self._recent_events: collections.deque[str] = collections.deque(maxlen=RECENT_EVENTS)
         self._table_requests = 0
         self._runner: web.AppRunner | None = None
+        self._guard: Any = None  # HttpGuard of the standalone server
         self._warn = RateLimitedLog(log)
         self._url: str | None = None
 
@@ -291,18 +294,19 @@ class WebView:
         """Serve on ``host:port`` (``port=0``: a free port); the bound address is in :attr:`url`."""
         if self._runner is not None:
             raise RuntimeError("WebView already started")
-        app = web.Application()
+        from ..http_guard import HttpGuard  # the daemon's bounds: connections, and time to send headers
+
+        self._guard = HttpGuard(max_connections=4 * self.max_clients + 16, header_timeout_s=self.header_timeout_s)
+        app = web.Application(middlewares=[self._guard.middleware])
         self.attach(app)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
         try:
-            await site.start()
+            self.port = await self._guard.listen(runner.server, self.host, self.port)
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc} (pick another port, or 0)") from exc
         self._runner = runner
-        self.port = runner.addresses[0][1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._url = f"http://{host}:{self.port}"
         log.info("web view on %s", self._url)
@@ -313,6 +317,9 @@ class WebView:
             await self._runner.cleanup()  # runs on_shutdown -> _close_clients
             self._runner = None
             self._url = None
+        if self._guard is not None:
+            await self._guard.close()
+            self._guard = None
 
     async def __aenter__(self) -> WebView:
         await self.start()
