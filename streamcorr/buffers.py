@@ -126,7 +126,8 @@ class RingBuffer:
         self.counters.accepted += n
         if n > self.capacity:
             t_ok, v_ok = t_ok[-self.capacity :], v_ok[-self.capacity :]
-        idx = (self._head + np.arange(len(t_ok))) % self.capacity
+        skipped = n - len(t_ok)  # more new samples than slots: the first ones are overwritten at once
+        idx = (self._head + skipped + np.arange(len(t_ok))) % self.capacity
         self._t[idx] = t_ok
         self._v[idx] = v_ok
         self._head = (self._head + n) % self.capacity

@@ -706,11 +706,11 @@ class Daemon:
         log.info("http listening on %s (/metrics, /healthz%s)", self.http_url, ", / live view" if self.web else "")
 
     async def _stop_http(self) -> None:
-        if self.http_guard is not None:
-            await self.http_guard.close()
-        if self._runner is not None:
+        if self._runner is not None:  # first: web view clients get a proper close frame
             await self._runner.cleanup()
             self._runner = None
+        if self.http_guard is not None:  # then the listener, and any connection still open
+            await self.http_guard.close()
 
     # -- start-up -----------------------------------------------------------------------------------
     async def _prepare_engine(self) -> bool:
