@@ -308,13 +308,20 @@ def _check(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
 
     from .config import load_config
     from .daemon import Daemon, setup_logging
 
     cfg = load_config(args.config)
     setup_logging(cfg.logging.level, cfg.logging.format, cfg.logging.max_repeats_per_10s)
-    asyncio.run(Daemon(cfg).run())
+    daemon = Daemon(cfg)
+    asyncio.run(daemon.run())
+    if daemon.setup_abandoned:  # stopped during a first-start calibration: its thread (torch) cannot be cut short,
+        logging.shutdown()  # and finalising the interpreter under it can abort; everything is closed already
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

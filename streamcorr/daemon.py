@@ -439,6 +439,7 @@ class Daemon:
         self._first_input_wall: float | None = None
         self._last_input_wall: float | None = None
         self._warn = RateLimitedLog(log)
+        self._setup_thread: threading.Thread | None = None
         self._build_sources()
         self._build_sinks()
 
@@ -451,6 +452,12 @@ class Daemon:
 
     def _push(self, channel: str, t: Any, values: Any) -> int:
         return self.engine.push(channel, t, values)
+
+    @property
+    def setup_abandoned(self) -> bool:
+        """True after run() returned while the engine was still being prepared (stopped during a first-start
+        calibration): its thread cannot be interrupted, so a process should end with ``os._exit``."""
+        return self._engine is None and self._setup_thread is not None and self._setup_thread.is_alive()
 
     def _pair_table(self, a: str, b: str) -> Any:
         return self.engine.pair_table(a, b)
@@ -740,7 +747,8 @@ class Daemon:
                 loop.call_soon_threadsafe(deliver, engine, None)
 
         # a daemon thread: Ctrl-C during a first-start calibration must not wait for it to finish
-        threading.Thread(target=build, name="streamcorr-engine-setup", daemon=True).start()
+        self._setup_thread = threading.Thread(target=build, name="streamcorr-engine-setup", daemon=True)
+        self._setup_thread.start()
         stop: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
         t0 = time.monotonic()
         told = False
