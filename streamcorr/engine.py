@@ -222,7 +222,7 @@ class _Channel:
     def __init__(self, name: str, capacity: int, window_len: int) -> None:
         self.name = name
         self.buffer = RingBuffer(capacity)
-        self.ranks = SlidingRanks(1, window_len)
+        self.ranks = SlidingRanks(1, window_len)  # placeholder: Engine._ranks starts one with the estimator's ties
         self.ranks_end_tick: int | None = None  # window end tick the sliding state is at
 
 
@@ -450,8 +450,8 @@ class Engine:
         if ch.ranks_end_tick is not None and 0 < (end_tick - ch.ranks_end_tick) // period < n:
             h = (end_tick - ch.ranks_end_tick) // period
             u = ch.ranks.update(values[None, -h:])[0]
-        else:
-            ch.ranks = SlidingRanks(1, n)
+        else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
+            ch.ranks = SlidingRanks(1, n, ties=self.est.ties)
             u = ch.ranks.update(values[None, :])[0]
         ch.ranks_end_tick = end_tick
         return u
