@@ -736,10 +736,14 @@ class Daemon:
             else:
                 done.set_result(engine)  # type: ignore[arg-type]
 
+        compute_starting = threading.Event()  # set while Ray connects and its workers load the model
+
         def build() -> None:
             try:
                 hop_s = ec.hop_samples / ec.rate_hz  # the Ray backend's default deadline per hop
+                compute_starting.set()
                 self._compute = build_evaluator(self.cfg.compute, ec.estimator, hop_s)
+                compute_starting.clear()
                 engine = Engine(ec, self._estimator, compute=self._compute)
             except BaseException as exc:  # delivered to run(), which reports it
                 loop.call_soon_threadsafe(deliver, None, exc)
@@ -766,6 +770,9 @@ class Daemon:
                     log.info("stopped while preparing the engine (%.0f s in); nothing was published",
                              time.monotonic() - t0)  # fmt: skip
                     return False
+                if compute_starting.is_set():  # not the calibration (yet): Ray logs when its workers are ready
+                    self.phase_detail = "starting the compute backend: Ray workers loading the model"
+                    continue
                 if not told:
                     told = True
                     self.phase_detail = (
