@@ -1,4 +1,4 @@
-"""Command line: `streamcorr run|check|demo|estimate|matrix|version`.
+"""Command line: `streamcorr run|check|demo|estimate|matrix|replay|report|version`.
 
 main(argv) returns an exit code, so tests call it without a subprocess.
 """
@@ -358,6 +358,9 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the daemon with a configuration file (stop with Ctrl-C or SIGTERM)")
     run.add_argument("config")
     run.set_defaults(func=_run)
+    from .cli_replay import add_replay_commands  # replay and report live in their own module
+
+    add_replay_commands(sub)
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(func=lambda _a: print(__version__) or 0)
     return ap

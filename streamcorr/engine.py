@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -578,6 +578,12 @@ class Engine:
         end = self._next_end_tick + behind * hop_ns
         self._next_end_tick = end + hop_ns
         return int(end)
+
+    def due_windows(self) -> Iterator[int]:
+        """End ticks (ns) of the windows now due, oldest first, each given out once: a caller that drives
+        ``evaluate`` itself (replay, without the event loop) evaluates each. Do not mix with ``start``."""
+        while (end := self._due_end_tick()) is not None:
+            yield end
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,122 @@
+"""The `replay` and `report` commands of the command line (kept apart from cli.py, which registers them).
+
+Handlers raise StreamcorrError subclasses with the fix in the message; cli.main prints them without a
+traceback and returns 2 (130 after Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import InputError
+
+__all__ = ["add_replay_commands"]
+
+
+def add_replay_commands(sub: argparse._SubParsersAction) -> None:
+    rp = sub.add_parser(
+        "replay",
+        help="run a recorded log (CSV, Parquet, MCAP, ROS bag) through the engine, every hop; MI timeline + events",
+        description="Replay a recorded log through the engine as fast as the machine allows. Settings come "
+        "from a daemon config (-c; its sources are not needed) and/or the flags, which take precedence.",
+    )
+    rp.add_argument("log", help="CSV or Parquet (wide or long), .mcap, ROS 1 .bag, or a ROS 2 bag directory")
+    rp.add_argument("-c", "--config", help="a daemon configuration file: channels, window, pairs, changes")
+    rp.add_argument("-o", "--output", help="output directory (default: LOG's name + '_replay')")
+    rp.add_argument("--list", action="store_true", help="list the log's topics and channels, then exit")
+    rp.add_argument("--format", choices=["csv", "parquet", "mcap", "bag", "ros2"], help="default: from the name")
+    rp.add_argument("--time-column", help="time column of a table (default: t, time, timestamp, ...)")
+    rp.add_argument("--time-unit", default="s", choices=["s", "ms", "us", "ns"], help="of numeric times")
+    rp.add_argument("--channel-column", help="long tables: the channel-name column (default: channel)")
+    rp.add_argument("--value-column", help="long tables: the value column (default: value)")
+    rp.add_argument("--topics", nargs="+", help="message logs: only these topics")
+    rp.add_argument("--channels", nargs="+", help="only these channels (default: every numeric one)")
+    rp.add_argument("--rate-hz", type=float, help="the common clock (default: config, else 100)")
+    rp.add_argument("--window", type=int, help="window, samples of the clock (default: config, else 1024)")
+    rp.add_argument("--hop", type=int, help="hop, samples of the clock (default: config, else one second)")
+    rp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rp.set_defaults(func=_replay)
+    rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
+    rep.add_argument("outdir", help="a directory written by 'streamcorr replay'")
+    rep.add_argument("-o", "--output", help="HTML file (default: OUTDIR/report.html)")
+    rep.add_argument("--top", type=int, default=8, help="strongest pairs drawn over time (besides event pairs)")
+    rep.add_argument("--at", type=float, nargs="+", help="stream times (s) of the matrices shown (default: 4)")
+    rep.set_defaults(func=_report)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .engine import EngineConfig
+    from .ingest.logs import open_log
+    from .replay import replay
+
+    rec = open_log(
+        args.log,
+        fmt=args.format,
+        time_column=args.time_column,
+        time_unit=args.time_unit,
+        channel_column=args.channel_column,
+        value_column=args.value_column,
+        topics=args.topics,
+    )
+    if args.channels:
+        missing = [c for c in args.channels if c not in rec.series]
+        if missing:
+            raise InputError(f"--channels: {', '.join(map(repr, missing))} not in {args.log}; see --list")
+        rec.series = {c: rec.series[c] for c in args.channels}
+    if args.list:
+        print(rec.describe())
+        return 0
+    for flag, value, low in (("--rate-hz", args.rate_hz, 0), ("--window", args.window, 31), ("--hop", args.hop, 0)):
+        if value is not None and not value > low:
+            raise InputError(f"{flag} must be more than {low}; got {value}")
+    if args.config:
+        from .config import load_config
+        from .daemon import engine_config
+
+        cfg = load_config(args.config, need_sources=False)
+        ec = engine_config(cfg)
+        if cfg.compute.backend != "local":
+            print("note: replay computes in this process (compute.backend is for live runs)", file=sys.stderr)
+        changes: dict[str, object] = {}
+        if args.rate_hz is not None:
+            changes["rate_hz"] = args.rate_hz
+        if args.window is not None:
+            changes["window_len"] = args.window
+        if args.hop is not None:
+            changes["hop_samples"] = args.hop
+        if changes:
+            import dataclasses
+
+            ec = dataclasses.replace(ec, **changes)  # type: ignore[arg-type]
+    else:
+        rate = args.rate_hz or 100.0
+        ec = EngineConfig(channels=list(rec.series), rate_hz=rate, window_len=args.window or 1024,
+                          hop_samples=args.hop or max(1, round(rate)))  # fmt: skip
+    window_s = (ec.window_len - 1) / ec.rate_hz
+    span_s = rec.t_end - rec.t_start
+    if span_s < window_s:
+        raise InputError(f"{args.log} covers {span_s:.3f} s but a window is {window_s:.3f} s "
+                         f"({ec.window_len} samples at {ec.rate_hz:g} Hz): use a smaller --window")  # fmt: skip
+    outdir = Path(args.output or Path(args.log).name.split(".")[0] + "_replay")
+    what = f"{rec.kind}, {len(rec.series)} channels, {rec.n_samples:,} samples, {span_s:,.1f} s"
+    print(f"replaying {rec.path}: {what}; window {ec.window_len} at {ec.rate_hz:g} Hz, hop {ec.hop_samples}",
+          file=sys.stderr)  # fmt: skip
+    for note in rec.notes:
+        print(f"note: {note}", file=sys.stderr)
+    progress = not args.no_progress and sys.stderr.isatty()
+    res = replay(rec, ec, outdir, progress=progress, meta={"config": args.config})
+    how = "stopped by Ctrl-C after" if res.interrupted else "done:"
+    print(f"{how} {res.hops} hops, {res.rows:,} timeline rows, {res.events} events; {res.stream_s:,.1f} s of "
+          f"stream in {res.wall_s:.1f} s ({res.speed:.1f}x real time) -> {outdir}/")  # fmt: skip
+    return 130 if res.interrupted else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    out = Path(args.output or Path(args.outdir) / "report.html")
+    write_report(args.outdir, out, top=args.top, at=args.at)
+    print(f"report written to {out}")
+    return 0
