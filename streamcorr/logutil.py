@@ -6,7 +6,7 @@ import logging
 import math
 import time
 
-__all__ = ["RateLimitedLog", "RepeatLimitFilter"]
+__all__ = ["RateLimitedLog", "RepeatLimitFilter", "broker_hint"]
 
 
 class RateLimitedLog:
@@ -87,3 +87,15 @@ class RepeatLimitFilter(logging.Filter):
         if held:
             record.msg = f"{record.msg} ({held} similar lines held back in the previous {self.window_s:g} s)"
         return True
+
+
+def broker_hint(exc: BaseException) -> str:
+    """A suggestion for a log line when nothing listens where an MQTT broker should be (the usual first mistake).
+
+    >>> broker_hint(ConnectionRefusedError(111, "Connection refused"))[:38]
+    ' (is an MQTT broker running there? sta'
+    """
+    text = str(exc).lower()
+    if isinstance(exc, ConnectionRefusedError) or "refused" in text or "errno 111" in text:
+        return " (is an MQTT broker running there? start Mosquitto: `mosquitto -d`, or `systemctl start mosquitto`)"
+    return ""

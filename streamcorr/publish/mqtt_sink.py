@@ -31,7 +31,7 @@ import aiomqtt
 
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, jittered_backoff, make_client
-from ..logutil import RateLimitedLog
+from ..logutil import RateLimitedLog, broker_hint
 from .changes import ChangeEvent
 from .envelope import (
     check_event,
@@ -282,7 +282,8 @@ class MqttPublisher:
                         log.warning("MQTT publisher lost %s: %s; reconnecting", where, exc)
                     else:
                         self.counters.connect_failures += 1
-                        self._warn.warning("connect", "MQTT publisher cannot connect to %s: %s; retrying", where, exc)
+                        self._warn.warning("connect", "MQTT publisher cannot connect to %s: %s; retrying%s", where,
+                                           exc, broker_hint(exc))  # fmt: skip
                 delay = next(delays)
                 if self._closing.is_set():
                     await asyncio.sleep(delay)

@@ -42,7 +42,7 @@ import zmq.asyncio
 
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, MqttTls, jittered_backoff, make_client
-from ..logutil import RateLimitedLog
+from ..logutil import RateLimitedLog, broker_hint
 from .changes import ChangeEvent
 from .envelope import MAX_ENVELOPE_BYTES, STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
 from .snapshot import Snapshot
@@ -351,7 +351,8 @@ class Subscriber:
                     log.warning("subscriber lost %s: %s; reconnecting", where, exc)
                 else:
                     self.counters.connect_failures += 1
-                    self._warn.warning("connect", "subscriber cannot connect to %s: %s; retrying", where, exc)
+                    self._warn.warning("connect", "subscriber cannot connect to %s: %s; retrying%s", where, exc,
+                                       broker_hint(exc))  # fmt: skip
             await asyncio.sleep(next(delays))
 
     # -- asyncio use ----------------------------------------------------------------------------------
