@@ -1,6 +1,7 @@
 """Engine throughput: live 64-channel load, and a channels x window scaling table.
 
     python -m bench.engine_throughput live [--duration-s 300] [--channels 64] [--window 1024] [--all-dependent]
+        [--screening auto|on|off]
     python -m bench.engine_throughput scaling [--quick]
 
 live: a producer pushes 100 Hz frames of C channels in real time (10 ms chunks)
@@ -51,10 +52,17 @@ def _signals(n_ch: int, n: int, rng: np.random.Generator, all_dependent: bool = 
 
 
 async def _live(
-    n_ch: int, window: int, duration_s: float, chunk_ms: float, rate: float = 100.0, all_dependent: bool = False
+    n_ch: int,
+    window: int,
+    duration_s: float,
+    chunk_ms: float,
+    rate: float = 100.0,
+    all_dependent: bool = False,
+    screening: str = "auto",
 ) -> dict[str, object]:
     names = [f"ch{k:03d}" for k in range(n_ch)]
-    cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000)
+    cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000,
+                       screening=screening)  # fmt: skip
     eng = Engine(cfg)
     rng = np.random.default_rng(0)
     data = _signals(n_ch, int(rate * (duration_s + 30)), rng, all_dependent)
@@ -99,7 +107,14 @@ async def _live(
 
 def live(args: argparse.Namespace) -> None:
     res = asyncio.run(
-        _live(args.channels, args.window, args.duration_s, args.chunk_ms, all_dependent=args.all_dependent)
+        _live(
+            args.channels,
+            args.window,
+            args.duration_s,
+            args.chunk_ms,
+            all_dependent=args.all_dependent,
+            screening=args.screening,
+        )
     )
     total = sum(res["cpu_s"].values())  # type: ignore[union-attr]
     md = [f"## Live engine: {res['channels']} channels at {res['rate_hz']:.0f} Hz, window {res['window_len']}, "
@@ -117,6 +132,7 @@ def live(args: argparse.Namespace) -> None:
           "| stage | CPU s | share |", "|---|---|---|"]  # fmt: skip
     md += [f"| {k} | {v:.1f} | {100 * v / total:.0f}% |" for k, v in res["cpu_s"].items()]  # type: ignore[union-attr]
     name = f"engine_live_{res['channels']}ch_{res['window_len']}" + ("_all_dependent" if args.all_dependent else "")
+    name += "" if args.screening == "auto" else f"_screening_{args.screening}"
     write_results(name, {"env": environment(), **res}, "\n".join(md))
 
 
@@ -203,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--window", type=int, default=1024)
     lv.add_argument("--chunk-ms", type=float, default=100.0, help="producer sends all channels' samples this often")
     lv.add_argument("--all-dependent", action="store_true", help="every pair dependent: screening cannot help")
+    lv.add_argument("--screening", choices=["auto", "on", "off"], default="auto", help="off: the baseline")
     lv.set_defaults(func=live)
     sc = sub.add_parser("scaling")
     sc.add_argument("--quick", action="store_true")
