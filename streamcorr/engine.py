@@ -122,6 +122,7 @@ class EngineCounters:
     pairs_low_coverage: int = 0
     pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
     screen_passed: int = 0  # pairs that passed the screen
+    max_age_overdue: int = 0  # pairs due for their max_age network estimate that did not fit the hop's budget
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_name: int = 0  # samples for a name that breaks the channel-name rule
     channel_limit: int = 0  # samples for new names refused because max_channels exist
@@ -472,7 +473,9 @@ class Engine:
         was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
         if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
             hop_ns = self.cfg.hop_samples * self.resampler.period_ns
+            overdue = self._scheduler.overdue
             plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
+            cnt.max_age_overdue += self._scheduler.overdue - overdue
             pick = plan.pick
             pp = self._pairs[pick]
             was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
