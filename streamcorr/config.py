@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .names import name_problem
 from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING
+from .weights import DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS
 
 __all__ = ["Config", "load_config", "parse_config"]
 
@@ -173,7 +174,15 @@ class EstimatorConfig(_Strict):
     compile: bool | None = None  # torch.compile the network; None: on for CUDA (bench.gpu_path)
     batch_size: int = Field(128, ge=1, le=65_536)
     threads: int | None = Field(None, ge=1)
-    weights: str | None = None  # None: the shipped model
+    weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v1
+
+    @field_validator("weights")
+    @classmethod
+    def _known_weights(cls, value: str | None) -> str | None:
+        if value is None or value in SHIPPED_WEIGHTS or value.endswith(".safetensors"):
+            return value
+        names = ", ".join(SHIPPED_WEIGHTS)
+        raise ValueError(f"use a shipped model ({names}; default {DEFAULT_WEIGHTS_NAME}) or a .safetensors path")
 
 
 class Compute(_Strict):

@@ -22,7 +22,7 @@ from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank
 from .errors import InputError
 from .model import InfoNet, dv_readout
 from .tensor_path import TensorPath, device_batch_size
-from .weights import load_model
+from .weights import DEFAULT_TIES, load_model
 
 __all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"]
 
@@ -74,7 +74,7 @@ class Estimator:
     """InfoNet MI estimator holding one loaded model.
 
     ``ties`` is the rank transform's tie policy ("mid" or "jitter", see streamcorr.copula);
-    by default the one the weights were trained with (their metadata), else "mid".
+    by default the one the weights were trained with (their metadata), else ``weights.DEFAULT_TIES`` ("jitter").
 
     >>> est = Estimator()
     >>> rng = np.random.default_rng(0)
@@ -112,7 +112,7 @@ class Estimator:
         self.model: InfoNet
         self.model, self.meta = load_model(weights, self.device)
         # tie policy of the rank transform (streamcorr.copula): the weights' own unless overridden
-        self.ties: Ties = ties if ties is not None else self.meta.get("ties", "mid")
+        self.ties: Ties = ties if ties is not None else self.meta.get("ties", DEFAULT_TIES)
         check_ties(self.ties)
         self.grid = self.model.cfg.grid
         self.min_window = self.model.cfg.min_window

@@ -1,0 +1,58 @@
+"""Shipped weights by name (infonet-v1, infonet-v2), the default tie policy, and the config key that picks them."""
+
+import numpy as np
+import pytest
+
+from streamcorr import Estimator
+from streamcorr.config import parse_config
+from streamcorr.daemon import engine_config
+from streamcorr.errors import ConfigError, ModelLoadError
+from streamcorr.weights import DEFAULT_TIES, DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS, weights_path
+
+BASE = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}
+
+
+def test_every_shipped_name_resolves_to_a_file():
+    """Each shipped name is a file in the package (a link into models/ in a checkout); None is the default."""
+    assert DEFAULT_WEIGHTS_NAME == "infonet-v1"
+    for name in SHIPPED_WEIGHTS:
+        assert weights_path(name).is_file(), name
+    assert weights_path(None) == weights_path("infonet-v1")
+    assert weights_path("some/dir/w.safetensors").name == "w.safetensors"  # anything else is a path
+
+
+def test_v1_and_v2_load_by_name_with_their_tie_policies():
+    """infonet-v1 (no policy in its metadata) runs with the default, jittered ties; infonet-v2 carries 'jitter';
+    an explicit ties= overrides both. The default estimator is v1 with jitter."""
+    v1, v2 = Estimator("infonet-v1"), Estimator("infonet-v2")
+    assert "ties" not in v1.meta and v1.ties == DEFAULT_TIES == "jitter"
+    assert v2.meta["ties"] == "jitter" and v2.meta["run"] == "infonet-v2" and v2.ties == "jitter"
+    assert v1.fingerprint != v2.fingerprint
+    default = Estimator()
+    assert default.fingerprint == v1.fingerprint and default.ties == "jitter"
+    assert Estimator("infonet-v1", ties="mid").ties == "mid"
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(1000)
+    y = x + rng.standard_normal(1000)  # true MI 0.347 nats: both models within 0.1 of it on one window
+    for est in (v1, v2):
+        assert abs(est.estimate(x, y) - 0.347) < 0.1
+
+
+def test_unknown_weights_fail_at_construction():
+    """A name that is not shipped and not a file fails with the shipped names in the message."""
+    with pytest.raises(ModelLoadError, match="infonet-v1, infonet-v2"):
+        Estimator("infonet-v9")
+
+
+@pytest.mark.parametrize("weights", ["infonet-v1", "infonet-v2", "/opt/models/mine.safetensors"])
+def test_config_accepts_shipped_names_and_paths(weights):
+    """estimator.weights takes a shipped name or a .safetensors path, and the daemon hands it to the estimator."""
+    cfg = parse_config(BASE | {"estimator": {"weights": weights}})
+    assert cfg.estimator.weights == weights
+    assert dict(engine_config(cfg).estimator)["weights"] == weights
+
+
+def test_config_rejects_an_unknown_weights_name():
+    """A misspelt model name is a config error naming the key and the shipped names."""
+    with pytest.raises(ConfigError, match=r"estimator\.weights: .*infonet-v1, infonet-v2.*'infonet-2'"):
+        parse_config(BASE | {"estimator": {"weights": "infonet-2"}})
