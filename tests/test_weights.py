@@ -56,3 +56,36 @@ def test_config_rejects_an_unknown_weights_name():
     """A misspelt model name is a config error naming the key and the shipped names."""
     with pytest.raises(ConfigError, match=r"estimator\.weights: .*infonet-v1, infonet-v2.*'infonet-2'"):
         parse_config(BASE | {"estimator": {"weights": "infonet-2"}})
+
+
+@pytest.mark.slow
+def test_a_built_wheel_holds_each_weights_file_itself(tmp_path):
+    """The package's weights are links into models/ in a checkout; a wheel built from it holds the files
+    themselves (setuptools follows the links), byte-identical to models/, and no training checkpoint."""
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("streamcorr", "models"):
+        shutil.copytree(root / name, src / name, symlinks=True, ignore=ignore)
+    cmd = [sys.executable, "-m", "pip", "wheel", str(src), "-w", str(tmp_path / "whl"), "--no-deps", "-q"]
+    subprocess.run([*cmd, "--no-build-isolation"], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "whl").glob("streamcorr-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        for shipped in SHIPPED_WEIGHTS:
+            info = z.getinfo(f"streamcorr/data/{shipped}.safetensors")
+            assert (info.external_attr >> 16) & 0o170000 != 0o120000, "stored as a link"
+            want = hashlib.sha256((root / "models" / f"{shipped}.safetensors").read_bytes()).hexdigest()
+            assert hashlib.sha256(z.read(info)).hexdigest() == want, shipped
+    assert any(n.startswith("streamcorr/data/null/null-") for n in names)
+    assert not [n for n in names if n.endswith(".pt")]
