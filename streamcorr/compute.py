@@ -196,6 +196,7 @@ class RayEvaluator:
         self._owner: dict[Any, _Worker] = {}  # tile ref -> its worker
         self._respawn_at = 0.0
         self._failures_in_row = 0
+        self._last_failure = ""  # why the newest worker failed to start
         self._closing = threading.Event()
         self._released = threading.Event()  # set after ray.shutdown: the thread that started Ray may end
         self._keeper: threading.Thread | None = None
@@ -237,6 +238,8 @@ class RayEvaluator:
                 f"(each needs {s.cpus_per_worker:g} CPU{' and 1 GPU' if gpus else ''}; see `ray status` and "
                 "the worker logs); lower compute.cpus_per_worker, use compute.device: cpu, or add nodes"
             )
+            if self._last_failure:
+                msg += f"; the last worker {self._last_failure}"
             raise ConfigError(msg)
         if self._joining:
             log.warning("ray: %d of %d workers ready after %.0f s; the others join when they are",
@@ -339,6 +342,7 @@ class RayEvaluator:
 
     def _start_failed(self, actor: Any, why: str) -> None:
         self._counts["worker_start_failures"] += 1
+        self._last_failure = why
         self._failures_in_row += 1
         self._respawn_at = time.monotonic() + min(RESPAWN_BACKOFF_MAX_S, 2.0**self._failures_in_row)
         self._log(logging.ERROR, "start_failed", "ray: a worker %s", why)

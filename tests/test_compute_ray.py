@@ -38,6 +38,7 @@ from streamcorr.compute import RayEvaluator
 from streamcorr.config import Compute
 from streamcorr.copula import rank_transform
 from streamcorr.engine import Engine, EngineConfig
+from streamcorr.errors import ConfigError
 from streamcorr.estimator import Estimator
 from tests.brokers import free_port
 
@@ -173,6 +174,17 @@ def test_late_tiles_leave_cells_stale_with_growing_age(ray_instance):
         third = ray_eng.evaluate(ends[2])[0]
         assert np.allclose(third.mi, local.evaluate(ends[2])[0].mi, atol=TOL, equal_nan=True)
         assert np.allclose(third.age_s[off], 0.0) and ev.counters()["cells_stale_last_hop"] == 0
+
+
+def test_workers_that_cannot_be_placed_fail_the_start_naming_the_fix(ray_instance):
+    """Workers asking for a GPU the cluster lacks never become ready: start() gives up after
+    compute.start_timeout_s with a ConfigError that names the keys to change, instead of hanging."""
+    ev = RayEvaluator(Compute(backend="ray", workers=1, device="cuda", start_timeout_s=2.0), {}, hop_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"compute.start_timeout_s=2 s .*1 GPU.*compute.device: cpu"):
+        ev.start()
+    assert time.monotonic() - t0 < 30
+    assert ev.counters()["workers"] == 0
 
 
 def test_example_ray_config_checks():
