@@ -30,6 +30,7 @@ from .engine import Engine, EngineConfig
 from .estimator import Estimator
 from .ingest.logs import Recording
 from .publish.history import HistoryWriter
+from .publish.snapshot import Snapshot
 
 __all__ = ["ReplayResult", "replay"]
 
@@ -87,6 +88,7 @@ def replay(
     pushed = 0
     interrupted = False
     wall0 = time.perf_counter()
+    last: Snapshot | None = None
     bar = _Progress(total, enabled=progress)
     try:
         for k in range(n_chunks):
@@ -101,6 +103,7 @@ def replay(
             for end_tick in engine.due_windows():
                 snap, events = engine.evaluate(end_tick)
                 writer.add(snap, events)
+                last = snap
             bar.update(pushed, len(writer.events))
     except KeyboardInterrupt:
         interrupted = True
@@ -108,6 +111,8 @@ def replay(
         bar.close()
         writer.close()
     wall_s = time.perf_counter() - wall0
+    if last is not None and not interrupted:
+        _write_tables(engine, last, writer.events, Path(outdir) / "tables.json")
     stream_s = min(t_end, t0 + n_chunks * hop_s) - t0 if not interrupted else (pushed / max(total, 1)) * (t_end - t0)
     result = ReplayResult(Path(outdir), writer.hops, writer.rows, len(writer.events), pushed, stream_s, wall_s,
                           interrupted)  # fmt: skip
@@ -135,6 +140,32 @@ def replay(
     }
     (Path(outdir) / "replay.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return result
+
+
+TABLE_PAIRS = 8  # lookup tables kept at the end of a replay: pairs with events first, then the strongest
+
+
+def _write_tables(engine: Engine, snap: Snapshot, events: list[dict[str, Any]], path: Path) -> None:
+    """The model's lookup table theta (G, G) on the last window for the pairs a report shows in detail."""
+    names = list(snap.channels)
+    chosen: list[tuple[str, str]] = []
+    for ev in events:
+        if (ev["a"], ev["b"]) not in chosen:
+            chosen.append((ev["a"], ev["b"]))
+    i, j = np.triu_indices(len(names), 1)
+    mi = np.nan_to_num(snap.mi[i, j], nan=-1.0)
+    for k in np.argsort(-mi, kind="stable"):
+        if len(chosen) >= TABLE_PAIRS:
+            break
+        if (names[i[k]], names[j[k]]) not in chosen:
+            chosen.append((names[i[k]], names[j[k]]))
+    out = []
+    for a, b in chosen[:TABLE_PAIRS]:
+        table = engine.pair_table(a, b)
+        if table is not None:
+            m = snap.mi[names.index(a), names.index(b)]
+            out.append({"a": a, "b": b, "mi": float(m), "table": np.round(table, 4).tolist()})
+    path.write_text(json.dumps({"t_ns": snap.t_ns, "time": snap.t_ns / 1e9, "pairs": out}) + "\n")
 
 
 class _Progress:

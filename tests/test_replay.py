@@ -1,0 +1,361 @@
+"""`streamcorr replay`: a CSV log equals a live daemon fed over ZeroMQ; MCAP and ROS 2 bags written with the
+packages' own writers replay end to end; bad logs give one-line errors; Ctrl-C leaves readable output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+import yaml
+import zmq
+
+from streamcorr.cli import main
+from streamcorr.config import parse_config
+from streamcorr.daemon import Daemon
+from streamcorr.publish.subscriber import Subscriber
+from tests.brokers import free_port
+from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+RATE = 10.0
+# the README's screenshot is refreshed on request (STREAMCORR_SCREENSHOT=1), so test runs leave the tree clean
+REPORT_SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "replay_report.png"
+CHANNELS = ["a", "b", "c"]
+
+
+def _rig(seconds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(t (n,), values (3, n)): b becomes a^2 + noise half way; c stays independent noise."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+    t = 1_700_000_000.0 + np.arange(n) / RATE
+    a, noise, c = rng.standard_normal((3, n))
+    b = np.where(np.arange(n) < n // 2, noise, a**2 + 0.1 * noise)
+    return t, np.stack([a, b, c])
+
+
+def _write_csv(path: Path, t: np.ndarray, v: np.ndarray) -> None:
+    lines = ["t," + ",".join(CHANNELS)]
+    lines += [",".join(repr(float(x)) for x in (t[k], *v[:, k])) for k in range(len(t))]  # exact round trip
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _timeline(outdir: Path) -> dict[int, dict[tuple[str, str], float]]:
+    rows = pq.read_table(outdir / "timeline.parquet").to_pylist()
+    out: dict[int, dict[tuple[str, str], float]] = {}
+    for r in rows:
+        out.setdefault(r["t_ns"], {})[(r["a"], r["b"])] = r["mi"]
+    return out
+
+
+def test_csv_replay_equals_a_live_daemon_fed_over_zeromq(tmp_path, capsys):
+    """The same config file and samples: replay's matrices equal the live daemon's (1e-6) and its events come at
+    the same stream times, with the same pairs and kinds."""
+    t, v = _rig(60, seed=3)
+    p_in, p_out, p_last = free_port(), free_port(), free_port()
+    source = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True}
+    source["channel_template"] = "{key}"
+    zmq_out = {"endpoint": f"tcp://127.0.0.1:{p_out}", "snapshot_endpoint": f"tcp://127.0.0.1:{p_last}"}
+    cfg_dict = {
+        "version": 1,
+        "sources": [source],
+        "channels": {"names": CHANNELS, "rate_hz": RATE, "max_staleness_s": 0.05},
+        "window": {"samples": 64, "hop_samples": 16, "skip_stale_hops": False},
+        "outputs": {"zmq": zmq_out, "status_interval_s": 0.5},
+        "http": {"port": 0},
+        "logging": {"format": "text"},
+    }
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg_dict))
+    log = tmp_path / "log.csv"
+    _write_csv(log, t, v)
+
+    async def live() -> tuple[list[Any], list[Any]]:
+        daemon = Daemon(parse_config(cfg_dict))
+        run = asyncio.create_task(daemon.run(install_signals=False))
+        for _ in range(1200):  # the engine is prepared in a thread (model load): wait until it runs
+            if daemon.phase == "running":
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        snaps: list[Any] = []
+        events: list[Any] = []
+        async with Subscriber(f"tcp://127.0.0.1:{p_out}", late_join=False) as sub:
+            await asyncio.sleep(0.3)  # PUB/SUB: let the subscription reach the publisher
+
+            async def take_snaps() -> None:
+                async for s in sub.snapshots(timeout_s=5.0):
+                    snaps.append(s)
+
+            async def take_events() -> None:
+                async for e in sub.events():  # until cancelled: events are sparse
+                    events.append(e)
+
+            drain = asyncio.create_task(take_snaps())
+            take = asyncio.create_task(take_events())
+            push = zmq.Context.instance().socket(zmq.PUSH)
+            push.connect(f"tcp://127.0.0.1:{p_in}")
+            for k in range(0, len(t), 10):  # paced like a live sensor, and never a ring buffer ahead of the engine
+                deadline = asyncio.get_running_loop().time() + 120
+                while t[k] - (snaps[-1].t_ns / 1e9 if snaps else t[0] + 6.3) > 10.0:  # a loaded machine's slow hops
+                    assert asyncio.get_running_loop().time() < deadline, "the live daemon stopped evaluating"
+                    await asyncio.sleep(0.05)
+                chunk = {
+                    "t": t[k : k + 10].tolist(),
+                    "channels": {c: v[i, k : k + 10].tolist() for i, c in enumerate(CHANNELS)},
+                }
+                push.send_multipart([b"rig", msgpack.packb(chunk)])
+                await asyncio.sleep(0.05)
+            push.close(linger=2000)
+            await drain  # 5 s without a snapshot: the daemon has evaluated everything
+            take.cancel()
+        daemon.stop()
+        await run
+        return snaps, events
+
+    snaps, events = asyncio.run(live())
+    out = tmp_path / "out"
+    assert main(["replay", str(log), "-c", str(cfg_path), "-o", str(out), "--no-progress"]) == 0
+    timeline = _timeline(out)
+    assert len(timeline) == (len(t) - 64) // 16 + 1  # every hop, none skipped
+    assert len(snaps) >= 0.8 * len(timeline)  # the live side may lose a few snapshots on PUB/SUB, not events
+    hops = sorted(timeline)
+    for s in snaps:
+        mine = timeline[s.t_ns]
+        for i, j in zip(*np.triu_indices(3, 1), strict=True):
+            got, want = mine[(s.channels[i], s.channels[j])], float(s.mi[i, j])
+            assert abs(got - want) <= 1e-6, (
+                hops.index(s.t_ns),
+                s.channels[i],
+                s.channels[j],
+                got,
+                want,
+                s.age_s,
+                s.coverage,
+            )
+    replayed = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["t_ns"], (e["a"], e["b"]), e["change"]) for e in replayed] == [(e.t_ns, e.pair, e.kind) for e in events]
+    assert ("a", "b") in {(e["a"], e["b"]) for e in replayed if e["change"] == "became-dependent"}
+    ev_table = pq.read_table(out / "events.parquet")
+    assert ev_table.column_names[:7] == ["time", "t_ns", "a", "b", "change", "previous", "current"]
+    assert ev_table.num_rows == len(replayed)
+    info = json.loads((out / "replay.json").read_text())
+    assert info["hops"] == len(timeline) and not info["interrupted"]
+
+
+def _mcap_json(path: Path, seconds: float, rate: float, seed: int) -> None:
+    from mcap.writer import Writer
+
+    rng = np.random.default_rng(seed)
+    with path.open("wb") as f:
+        w = Writer(f)
+        w.start()
+        sid = w.register_schema(name="Imu", encoding="jsonschema", data=b'{"type": "object"}')
+        imu = w.register_channel(topic="/imu", message_encoding="json", schema_id=sid)
+        motor = w.register_channel(topic="/motor", message_encoding="json", schema_id=sid)
+        for k in range(int(seconds * rate)):
+            t_ns = 1_700_000_000_000_000_000 + round(k * 1e9 / rate)
+            x, y, noise = rng.standard_normal(3)
+            msg = {"accel": {"x": x, "y": y}, "frame": "base", "ok": True, "gains": [1.0, 2.0]}
+            w.add_message(imu, log_time=t_ns, data=json.dumps(msg).encode(), publish_time=t_ns)
+            w.add_message(motor, log_time=t_ns, data=json.dumps({"current": x**2 + 0.1 * noise}).encode(),
+                          publish_time=t_ns)  # fmt: skip
+        w.finish()
+
+
+def test_mcap_json_log_replays_end_to_end_and_lists_its_channels(tmp_path, capsys):
+    """An MCAP file with JSON messages (mcap's own writer): fields become topic.field.subfield channels, --list
+    shows them, and the quadratic dependence between two topics is found."""
+    log = tmp_path / "run.mcap"
+    _mcap_json(log, seconds=30, rate=20, seed=4)
+    assert main(["replay", str(log), "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "topic /imu" in listing and "imu.accel.x" in listing and "motor.current" in listing
+    assert "imu.frame" not in listing and "imu.ok" not in listing  # text and booleans are not channels
+    out = tmp_path / "out"
+    rc = main(
+        ["replay", str(log), "--rate-hz", "20", "--window", "128", "--hop", "40", "-o", str(out), "--no-progress"]
+    )
+    assert rc == 0
+    last = _timeline(out)[max(_timeline(out))]
+    assert last[("imu.accel.x", "motor.current")] > 0.5
+    assert last[("imu.accel.y", "motor.current")] < 0.3
+    assert ("imu.gains.0", "imu.gains.1") in last  # short numeric arrays are channels (constant here: MI 0)
+
+
+def _ros2_bag(path: Path, seconds: float, rate: float, seed: int) -> None:
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS2_HUMBLE)
+    twist, vec = store.types["geometry_msgs/msg/Twist"], store.types["geometry_msgs/msg/Vector3"]
+    rng = np.random.default_rng(seed)
+    with Writer(path, version=9, storage_plugin=StoragePlugin.MCAP) as w:
+        conn = w.add_connection("/cmd_vel", twist.__msgtype__, typestore=store)
+        for k in range(int(seconds * rate)):
+            x, y, z = rng.standard_normal(3)
+            msg = twist(linear=vec(x=x, y=y, z=z), angular=vec(x=0.0, y=0.0, z=np.sin(2 * x) + 0.1 * z))
+            w.write(
+                conn, 1_700_000_000_000_000_000 + round(k * 1e9 / rate), store.serialize_cdr(msg, twist.__msgtype__)
+            )
+
+
+def test_ros2_bag_replays_end_to_end_and_its_mcap_reads_the_same(tmp_path):
+    """A ROS 2 bag (rosbags' writer, MCAP storage) replays through rosbags; its .mcap file read directly (ROS 2
+    CDR through mcap-ros2-support) gives the same channels and samples."""
+    from streamcorr.ingest.logs import open_log
+
+    bag = tmp_path / "bag"
+    _ros2_bag(bag, seconds=30, rate=20, seed=5)
+    via_bag = open_log(bag)
+    via_mcap = open_log(next(bag.glob("*.mcap")))
+    assert via_bag.kind == "ROS 2 bag" and via_mcap.kind == "MCAP"
+    assert list(via_bag.series) == list(via_mcap.series)
+    assert "cmd_vel.linear.x" in via_bag.series and "cmd_vel.angular.z" in via_bag.series
+    for name, s in via_bag.series.items():
+        np.testing.assert_array_equal(s.values, via_mcap.series[name].values)
+        np.testing.assert_array_equal(s.t, via_mcap.series[name].t)
+    out = tmp_path / "out"
+    rc = main(["replay", str(bag), "--channels", "cmd_vel.linear.x", "cmd_vel.linear.y", "cmd_vel.angular.z",
+               "--rate-hz", "20", "--window", "128", "--hop", "40", "-o", str(out), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    last = _timeline(out)[max(_timeline(out))]
+    assert last[("cmd_vel.linear.x", "cmd_vel.angular.z")] > 0.5
+    assert last[("cmd_vel.linear.x", "cmd_vel.linear.y")] < 0.3
+
+
+def test_long_parquet_log_replays_like_the_wide_csv(tmp_path):
+    """The same samples as a long Parquet table (time, channel, value) and as a wide CSV give the same timeline."""
+    import pyarrow as pa
+
+    t, v = _rig(20, seed=6)
+    wide = tmp_path / "wide.csv"
+    _write_csv(wide, t, v)
+    long = tmp_path / "long.parquet"
+    n = len(t)
+    pq.write_table(pa.table({"time": np.tile(t, 3), "channel": np.repeat(CHANNELS, n), "value": v.reshape(-1)}), long)
+    flags = ["--rate-hz", "10", "--window", "64", "--hop", "32", "--no-progress"]
+    assert main(["replay", str(wide), "-o", str(tmp_path / "w"), *flags]) == 0
+    assert main(["replay", str(long), "-o", str(tmp_path / "l"), *flags]) == 0
+    assert _timeline(tmp_path / "w") == _timeline(tmp_path / "l")
+
+
+def test_ctrl_c_stops_cleanly_with_what_was_done_written(tmp_path, monkeypatch, capsys):
+    """A KeyboardInterrupt part way returns 130 and leaves timeline and events readable up to the last hop done."""
+    from streamcorr.engine import Engine
+
+    t, v = _rig(30, seed=7)
+    log = tmp_path / "log.csv"
+    _write_csv(log, t, v)
+    real = Engine.evaluate
+    calls = {"n": 0}
+
+    def evaluate(self: Engine, end_tick: int) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(self, end_tick)
+
+    monkeypatch.setattr(Engine, "evaluate", evaluate)
+    out = tmp_path / "out"
+    assert main(["replay", str(log), "--rate-hz", "10", "--window", "64", "--hop", "16", "-o", str(out),
+                 "--no-progress"]) == 130  # fmt: skip
+    assert "stopped by Ctrl-C after 3 hops" in capsys.readouterr().out
+    assert len(_timeline(out)) == 3
+    assert pq.read_table(out / "events.parquet").num_rows == 0
+    assert json.loads((out / "replay.json").read_text())["interrupted"] is True
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "args", "expect"),
+    [
+        ("missing.csv", None, [], "no such file"),
+        ("empty.csv", "", [], "is empty"),
+        ("notime.csv", "x,y\n1,2\n3,4\n", [], "which column is time"),
+        ("badtime.csv", "t,x\n1,2\n", ["--time-column", "when"], "no column 'when'"),
+        ("text.csv", "t,x\n1,a\n2,b\n", [], "no numeric channel"),
+        ("short.csv", "t,x,y\n" + "".join(f"{k / 100},{k},{k * k}\n" for k in range(50)), [], "use a smaller --window"),
+        ("junk.mcap", b"\x89MCAP0\r\n" + b"\x00" * 40, [], "not a readable MCAP file"),
+        ("junk.bag", b"#ROSBAG V2.0\n" + b"\x01" * 64, [], "not a readable ROS bag"),
+        ("junk.parquet", b"PAR1 not really", [], "cannot read"),
+        ("binary.csv", b"\xff\xfe\x00garbage\n", [], "not UTF-8"),
+        ("good.csv", "t,x,y\n" + "".join(f"{k / 100},{k},{k * k}\n" for k in range(50)), ["--channels", "z"], "not in"),
+    ],
+)
+def test_bad_logs_give_one_line_errors(tmp_path, capsys, name, content, args, expect):
+    """Unreadable, empty, mis-specified or too short logs: exit code 2 and a message naming the fix, no traceback."""
+    path = tmp_path / name
+    if isinstance(content, str):
+        path.write_text(content)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    rc = main(["replay", str(path), "-o", str(tmp_path / "out"), "--no-progress", *args])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("streamcorr: error:") and expect in err, err
+    assert "Traceback" not in err
+
+
+def test_a_config_without_sources_is_enough_for_replay(tmp_path):
+    """replay -c accepts a config file without 'sources'; 'run' still requires them."""
+    from streamcorr.config import load_config
+    from streamcorr.errors import ConfigError
+
+    p = tmp_path / "c.yaml"
+    p.write_text("version: 1\nwindow: {samples: 64, hop_samples: 16}\n")
+    assert load_config(p, need_sources=False).sources == []
+    with pytest.raises(ConfigError, match="sources"):
+        load_config(p)
+
+
+def test_report_of_a_7_minute_replay_renders_offline_in_chromium(tmp_path, chromium):  # noqa: F811
+    """streamcorr report on a 7-minute replay: one HTML file that headless Chromium renders with no request
+    beyond the file itself and no console error, showing matrices, MI lines, events and lookup tables."""
+    rng = np.random.default_rng(8)
+    n = 7 * 60 * 10
+    t = np.arange(n) / 10.0
+    x = rng.standard_normal((6, n))
+    x[1] = 0.8 * x[0] + 0.6 * x[1]  # dependent throughout
+    x[3, n // 2 :] = x[2, n // 2 :] ** 2 + 0.2 * x[3, n // 2 :]  # from 3.5 min on: events
+    names = ["arm.j1", "arm.j2", "fan.rpm", "fan.current", "cabinet.temp", "spare<in>&"]  # one needing escapes
+    log = tmp_path / "seven.csv"
+    log.write_text("t," + ",".join(names) + "\n" + "".join(
+        f"{float(t[k])!r}," + ",".join(repr(float(v)) for v in x[:, k]) + "\n" for k in range(n)))  # fmt: skip
+    out = tmp_path / "out"
+    flags = ["--rate-hz", "10", "--window", "64", "--hop", "100", "--no-progress"]
+    assert main(["replay", str(log), *flags, "-o", str(out)]) == 0
+    html_path = tmp_path / "report.html"
+    assert main(["report", str(out), "-o", str(html_path), "--at", "60", "400"]) == 0
+    text = html_path.read_text()
+    assert "spare&lt;in&gt;&amp;" in text and "<in>&" not in text
+    assert "http://" not in text and "https://" not in text
+
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    requests: list[str] = []
+    problems: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: problems.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
+    try:
+        page.goto(html_path.as_uri())
+        page.wait_for_load_state("load")
+        assert page.locator("figure.matrix").count() == 2  # the two instants asked for
+        assert page.locator("figure.line").count() >= 2
+        assert page.locator("figure.theta img").count() >= 1
+        assert page.locator("table.events tr").count() >= 2  # header + at least one event
+        lines = page.locator("figure.line figcaption").all_inner_texts()
+        assert any("fan.rpm ~ fan.current" in s for s in lines) and any("arm.j1 ~ arm.j2" in s for s in lines)
+        assert all(page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0)") for _ in [0])
+        if os.environ.get("STREAMCORR_SCREENSHOT"):
+            page.screenshot(path=str(REPORT_SCREENSHOT), full_page=False)
+    finally:
+        page.close()
+    others = [u for u in requests if u != html_path.as_uri() and not u.startswith("data:")]
+    assert others == [], others
+    assert problems == [], problems
