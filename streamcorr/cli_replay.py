@@ -7,6 +7,7 @@ traceback and returns 2 (130 after Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -36,6 +37,11 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--rate-hz", type=float, help="the common clock (default: config, else 100)")
     rp.add_argument("--window", type=int, help="window, samples of the clock (default: config, else 1024)")
     rp.add_argument("--hop", type=int, help="hop, samples of the clock (default: config, else one second)")
+    rp.add_argument("--screening", choices=["on", "off"],
+                    help="on: the cheap screen picks the network's pairs each hop (faster); off (default, and what "
+                    "the config's 'auto' means in a replay): the network on every selected pair")  # fmt: skip
+    rp.add_argument("--threads", type=int, help="torch threads of the model (default: config's estimator.threads, "
+                    "else torch's; 1 is often fastest on a machine busy with other work)")  # fmt: skip
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.set_defaults(func=_replay)
     rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
@@ -86,14 +92,18 @@ def _replay(args: argparse.Namespace) -> int:
             changes["window_len"] = args.window
         if args.hop is not None:
             changes["hop_samples"] = args.hop
+        if args.screening is not None:
+            changes["screening"] = args.screening
         if changes:
-            import dataclasses
-
             ec = dataclasses.replace(ec, **changes)  # type: ignore[arg-type]
     else:
         rate = args.rate_hz or 100.0
         ec = EngineConfig(channels=list(rec.series), rate_hz=rate, window_len=args.window or 1024,
-                          hop_samples=args.hop or max(1, round(rate)))  # fmt: skip
+                          hop_samples=args.hop or max(1, round(rate)), screening=args.screening or "off")  # fmt: skip
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError(f"--threads must be at least 1; got {args.threads}")
+        ec = dataclasses.replace(ec, estimator={**ec.estimator, "threads": args.threads})
     window_s = (ec.window_len - 1) / ec.rate_hz
     span_s = rec.t_end - rec.t_start
     if span_s < window_s:

@@ -54,7 +54,9 @@ class ReplayResult:
 
 def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:
     """The live settings with replay's changes: every hop, no receive clock, buffers deep enough for the
-    log's densest channel (a channel sampled faster than the clock would overrun a live buffer too)."""
+    log's densest channel (a channel sampled faster than the clock would overrun a live buffer too), and
+    screening ``auto`` read as ``off``: its budget is a share of the hop's wall time, which a replay does
+    not have to keep, and which would make the result depend on the machine's speed (``on`` stays on)."""
     capacity = ec.buffer_len or 2 * (ec.window_len + 2 * ec.hop_samples)
     density = 1.0
     for s in rec.series.values():
@@ -63,7 +65,8 @@ def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:
             if dt > 0:
                 density = max(density, 1.0 / (dt * ec.rate_hz))
     buffer_len = math.ceil(capacity * density) if density > 1.0 else ec.buffer_len
-    return dataclasses.replace(ec, skip_stale_hops=False, max_future_s=None, buffer_len=buffer_len)
+    screening = "off" if ec.screening == "auto" else ec.screening
+    return dataclasses.replace(ec, skip_stale_hops=False, max_future_s=None, buffer_len=buffer_len, screening=screening)
 
 
 def replay(
@@ -125,6 +128,7 @@ def replay(
         "window_len": ec.window_len,
         "hop_samples": ec.hop_samples,
         "hop_s": hop_s,
+        "screening": ec.screening,
         "t_start": t0,
         "t_end": t_end,
         "hops": result.hops,
