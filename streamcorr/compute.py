@@ -10,7 +10,8 @@ previous value in place, so its age keeps growing, and the scheduler offers it f
 1. pool upkeep: workers whose model finished loading join (a worker added later takes tiles from the next
    hop on); a worker found dead is counted lost, killed, and replaced (with backoff if replacements fail);
 2. (u, constant) goes into Ray's object store once: workers on one node share one copy;
-3. the pairs are cut, in order, into tiles of ``tile_pairs``; a tile goes to the least busy ready worker,
+3. the pairs are cut, in order, into tiles of ``tile_pairs`` (fewer, down to 32, when a hop has too few
+   pairs to give every worker ``max_in_flight`` tiles); a tile goes to the least busy ready worker,
    which holds at most ``max_in_flight`` tiles, queued or running, across hops: work in flight is bounded;
 4. results are merged as they come back, until the hop's deadline (``hop_timeout_s``, default one hop).
    A tile whose worker died, or that raised, is retried once on another worker, first in line;
@@ -53,6 +54,7 @@ log = logging.getLogger("streamcorr.compute")
 
 __all__ = ["COUNTER_HELP", "GAUGES", "LocalEvaluator", "PairEvaluator", "RayEvaluator", "build_evaluator"]
 
+MIN_TILE_PAIRS = 32  # a small hop is spread over the workers, but not in tiles smaller than this
 MAX_ATTEMPTS = 2  # per tile and hop: the first try, then one retry on another worker
 RESPAWN_BACKOFF_MAX_S = 60.0  # replacements for workers that fail to start are tried at most this rarely
 
@@ -211,6 +213,10 @@ class RayEvaluator:
         passed with at least one ready. Raises ConfigError when Ray is missing or no worker starts."""
         if self._started:
             return
+        # Ray's C++ failure-signal handler would also catch the caller's SIGTERM: it dumps a stack, tears the
+        # driver down under the caller's feet, and the process then aborts at exit (seen: exit 134). Ray reads
+        # this when it is imported; processes of a local instance inherit it.
+        os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
         try:
             import ray
         except ImportError:
@@ -375,7 +381,9 @@ class RayEvaluator:
         constant = np.ascontiguousarray(constant, dtype=bool)
         shared = ray.put((u, constant))
         c["object_store_bytes"] += u.nbytes + constant.nbytes
-        step = self.settings.tile_pairs
+        # at most tile_pairs, and small enough that every ready worker gets max_in_flight tiles of a small hop
+        fill = math.ceil(len(iu) / (max(1, len(self._ready)) * self.settings.max_in_flight))
+        step = min(self.settings.tile_pairs, max(MIN_TILE_PAIRS, fill))
         queue = deque(_Tile(s, min(s + step, len(iu))) for s in range(0, len(iu), step))
         pending: dict[Any, _Tile] = {}
         busy_s = time.perf_counter() - t_hop  # head time not spent waiting

@@ -193,7 +193,7 @@ class Compute(_Strict):
     workers: int = Field(2, ge=1, le=4096)  # ray: actors, each holding the model once
     device: Literal["cpu", "cuda"] = "cpu"  # ray: each worker's device (cuda: one GPU per worker)
     cpus_per_worker: float = Field(1.0, gt=0, le=1024)  # ray: CPUs reserved per worker; its torch/Numba threads
-    tile_pairs: int = Field(1024, ge=1, le=1 << 24)  # ray: pairs per task (GPU workers: tens of thousands)
+    tile_pairs: int = Field(1024, ge=1, le=1 << 24)  # ray: pairs per task at most (GPU workers: tens of thousands)
     max_in_flight: int = Field(2, ge=1, le=64)  # ray: tiles queued or running per worker, at most
     hop_timeout_s: float | None = Field(None, gt=0, le=3600)  # ray: a hop's wait for its tiles (None: one hop)
     start_timeout_s: float = Field(120.0, gt=0, le=3600)  # ray: connect, and load the model on the workers
@@ -224,9 +224,19 @@ class MqttOutput(MqttConnection):
     threshold: float | None = None
 
 
+class RecordOutput(_Strict):
+    """Snapshots and events to Parquet files (streamcorr.publish.record), rotated, under a disk cap."""
+
+    directory: str
+    rotate_s: float = Field(60.0, gt=0, le=86_400)  # a crash loses at most this much
+    max_bytes: int = Field(1 << 30, ge=1 << 16)  # the oldest files are deleted (and counted) beyond this
+    top_k: int | None = Field(None, ge=1)  # None: every assessed pair per snapshot; k: the k strongest
+
+
 class Outputs(_Strict):
     zmq: ZmqOutput | None = None
     mqtt: MqttOutput | None = None
+    record: RecordOutput | None = None
     status_interval_s: float = Field(5.0, gt=0)
 
 
