@@ -323,6 +323,10 @@ class _Metrics(Collector):
                 conn.add_metric([guard.name, event], getattr(c, event))
             alive.add_metric([guard.name], float(d.output_problem(guard) is None))
         yield from (sent, dropped, errors, conn, alive)
+        for guard in d.outputs:  # outputs.record: its files, and what the disk cap deleted
+            if hasattr(guard.sink, "ledger"):
+                for field, n in guard.sink.ledger().items():
+                    yield GaugeMetricFamily(f"streamcorr_record_{field}", f"outputs.record: {field}", value=n)
         if d.web is not None:
             for field, n in d.web.counters_dict().items():
                 if field == "clients":
@@ -522,6 +526,13 @@ class Daemon:
                 )
             )
             self.outputs.append(_SinkGuard("mqtt", self.sinks[-1]))
+        if out.record is not None:
+            from .publish.record import ParquetRecorder
+
+            r = out.record
+            rec = ParquetRecorder(directory=r.directory, rotate_s=r.rotate_s, max_bytes=r.max_bytes, top_k=r.top_k)
+            self.sinks.append(rec)
+            self.outputs.append(_SinkGuard("record", rec))
         if self.cfg.http.web:
             from .publish.web import WebView
 
@@ -574,6 +585,8 @@ class Daemon:
                     out[f"output.{guard.name}.{kind}.{stream}"] = n
             for event in ("connects", "disconnects", "connect_failures"):
                 out[f"output.{guard.name}.{event}"] = getattr(c, event)
+            if hasattr(guard.sink, "ledger"):
+                out.update({f"output.{guard.name}.{k}": v for k, v in guard.sink.ledger().items()})
         if self.web is not None:
             out.update({f"web.{k}": v for k, v in self.web.counters_dict().items()})
         if self.http_guard is not None:

@@ -79,6 +79,29 @@ def event_row(ev: ChangeEvent) -> dict[str, Any]:
             "previous": ev.previous, "current": ev.current}  # fmt: skip
 
 
+def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndarray]:
+    """Timeline columns of one snapshot: every assessed pair (i < j), or its ``top_k`` strongest."""
+    names = np.asarray(snap.channels, dtype=object)
+    src = snap.source if snap.source is not None else np.where(np.isnan(snap.mi), SOURCE_NONE, SOURCE_NETWORK)
+    i, j = np.triu_indices(len(names), 1)
+    keep = src[i, j] != SOURCE_NONE
+    i, j = i[keep], j[keep]
+    if top_k is not None and len(i) > top_k:
+        order = np.argsort(-np.nan_to_num(snap.mi[i, j], nan=-np.inf), kind="stable")[:top_k]
+        i, j = i[order], j[order]
+    n = len(i)
+    return {
+        "time": np.full(n, snap.t_ns / 1e9),
+        "t_ns": np.full(n, snap.t_ns, dtype=np.int64),
+        "a": names[i],
+        "b": names[j],
+        "mi": snap.mi[i, j].astype(np.float64),
+        "coverage": snap.coverage[i, j].astype(np.float32),
+        "age_s": snap.age_s[i, j].astype(np.float32),
+        "source": np.array([SOURCE_NAMES.get(int(s), "none") for s in src[i, j]], dtype=object),
+    }
+
+
 class HistoryWriter:
     """Appends snapshots and events to ``outdir``'s timeline and event files.
 
@@ -109,24 +132,9 @@ class HistoryWriter:
         self.hops = 0
 
     def add(self, snap: Snapshot, events: list[ChangeEvent]) -> None:
-        names = np.asarray(snap.channels, dtype=object)
-        src = snap.source if snap.source is not None else np.where(np.isnan(snap.mi), SOURCE_NONE, SOURCE_NETWORK)
-        i, j = np.triu_indices(len(names), 1)
-        keep = src[i, j] != SOURCE_NONE
-        i, j = i[keep], j[keep]
-        n = len(i)
-        self._pending.append(
-            {
-                "time": np.full(n, snap.t_ns / 1e9),
-                "t_ns": np.full(n, snap.t_ns, dtype=np.int64),
-                "a": names[i],
-                "b": names[j],
-                "mi": snap.mi[i, j].astype(np.float64),
-                "coverage": snap.coverage[i, j].astype(np.float32),
-                "age_s": snap.age_s[i, j].astype(np.float32),
-                "source": np.array([SOURCE_NAMES.get(int(s), "none") for s in src[i, j]], dtype=object),
-            }
-        )
+        rows = snapshot_rows(snap)
+        self._pending.append(rows)
+        n = len(rows["t_ns"])
         self._pending_rows += n
         self.hops += 1
         for ev in events:
