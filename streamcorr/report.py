@@ -1,4 +1,5 @@
-"""`streamcorr report OUTDIR -o report.html`: one self-contained HTML file from a replay's output directory.
+"""`streamcorr report OUTDIR -o report.html`: one self-contained HTML file from a replay's output directory
+(or an ``outputs.record`` directory: its ``timeline-*.parquet`` and ``events-*.parquet`` files).
 
 Contract: the file needs nothing else to open (no script, style sheet, font or image is fetched: styles are
 inline and every figure is inline SVG, so it opens offline and from an e-mail attachment); every name from
@@ -60,12 +61,20 @@ def _load(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dic
         import pyarrow.parquet as pq
     except ImportError:
         raise InputError("the report reads Parquet: pip install 'streamcorr[logs]'") from None
-    if not (outdir / "timeline.parquet").is_file():
-        raise InputError(f"{outdir} has no timeline.parquet: give a directory written by 'streamcorr replay'")
+    import pyarrow as pa
+
+    timeline = [outdir / "timeline.parquet"] if (outdir / "timeline.parquet").is_file() else []
+    timeline = timeline or sorted(outdir.glob("timeline-*.parquet"))  # a recording (outputs.record)
+    event_files = [outdir / "events.parquet"] if (outdir / "events.parquet").is_file() else []
+    event_files = event_files or sorted(outdir.glob("events-*.parquet"))
+    if not timeline:
+        raise InputError(f"{outdir} has no timeline.parquet (nor timeline-*.parquet): give a directory written by "
+                         "'streamcorr replay' or outputs.record")  # fmt: skip
     try:
         info = json.loads((outdir / "replay.json").read_text()) if (outdir / "replay.json").is_file() else {}
-        tab = pq.read_table(outdir / "timeline.parquet", columns=["t_ns", "a", "b", "mi"])
-        events = pq.read_table(outdir / "events.parquet").to_pylist() if (outdir / "events.parquet").is_file() else []
+        cols4 = ["t_ns", "a", "b", "mi"]
+        tab = pa.concat_tables([pq.read_table(p, columns=cols4) for p in timeline])
+        events = [e for p in event_files for e in pq.read_table(p).to_pylist()]
         tables = json.loads((outdir / "tables.json").read_text()) if (outdir / "tables.json").is_file() else {}
     except Exception as exc:  # a damaged or foreign file: one message
         raise InputError(f"cannot read the replay output in {outdir}: {str(exc).splitlines()[0][:300]}") from None

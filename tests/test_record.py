@@ -16,6 +16,7 @@ import pytest
 import yaml
 import zmq
 
+from streamcorr.cli import main
 from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.record import ParquetRecorder
 from streamcorr.publish.snapshot import MatrixState
@@ -65,6 +66,16 @@ def test_ten_minutes_under_the_disk_cap_keep_the_cap_and_an_exact_ledger(tmp_pat
     kept = sorted(pq.read_table(p, columns=["t_ns"]).column("t_ns").to_numpy().min() for p in d.glob("timeline-*"))
     assert kept[-1] // 10**9 >= 1_700_000_000 + 580  # the newest files are the ones kept
     assert not list(d.glob("*.part"))
+    html = tmp_path / "r.html"
+    assert main(["report", str(d), "-o", str(html)]) == 0  # a recording makes a report too
+    assert "ch00 ~ ch01" in html.read_text() and "became-dependent" in html.read_text()
+
+
+def test_report_of_a_directory_without_history_is_a_one_line_error(tmp_path, capsys):
+    """streamcorr report on a directory with neither a replay's nor a recording's files: exit 2, the fix named."""
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamcorr: error:") and "streamcorr replay" in err and "Traceback" not in err
 
 
 def test_sigkill_leaves_every_parquet_file_readable(tmp_path):
