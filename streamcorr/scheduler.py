@@ -8,9 +8,11 @@ Pairs are selected once (all pairs, an explicit list, or groups x groups). Two w
   runs on, in this order of priority, (1) *hot* pairs: the last network estimate was >= ``min_effect`` or
   the change detector holds the pair dependent, (2) pairs that passed the screen, strongest first, and
   (3) a rotating share of the rest, stalest first: ceil(P * hop / max_age) pairs per hop plus any pair whose
-  network estimate would otherwise be older than ``max_age`` at the next hop. So every pair gets a full
-  estimate at least every ``max_age`` as long as the three sets fit the budget; when they do not, the
-  stalest pairs of the lowest priority wait and ``overdue`` counts them.
+  network estimate would otherwise be older than ``max_age`` at the next hop. The budget limits only the
+  rotation: hot and passing pairs are always evaluated (where most pairs are dependent, screening cannot
+  save work, and the network does what it would do without it), up to a hard ``cap`` if one is given. So
+  every pair gets a full estimate at least every ``max_age`` as long as the rotation fits what the hot and
+  passing pairs leave of the budget; when it does not, the stalest pairs wait and ``overdue`` counts them.
 """
 
 from __future__ import annotations
@@ -115,12 +117,14 @@ class Scheduler:
         max_age_ns: int,
         budget: int | None = None,
         eligible: np.ndarray | None = None,
+        cap: int | None = None,
     ) -> np.ndarray:
         """Indices into `pairs` for the network this hop, in priority order (see the module docstring).
 
         passed (P,): the pair passed the screen; stat (P,): its screen statistic (orders passing pairs);
-        eligible (P,): pairs that may be picked at all (default: every pair); budget: at most this many
-        (default ``max_pairs_per_hop``).
+        eligible (P,): pairs that may be picked at all (default: every pair); budget: network pairs the hop
+        allows, which the rotation fills after the hot and passing pairs (default ``max_pairs_per_hop``);
+        cap: at most this many in all.
         """
         n = len(self.pairs)
         if n == 0:
@@ -144,11 +148,12 @@ class Scheduler:
         since = np.where(last < 0, self.first_planned_ns[rest], last)
         due = int(np.count_nonzero(now_ns + hop_ns - since > max_age_ns))
         share = max(due, math.ceil(n * hop_ns / max_age_ns))
-        third = rest[:share]
+        room = max(0, budget - len(first) - len(second))
+        third = rest[: min(share, room)]
+        self.overdue += max(0, due - room)
         picked = np.concatenate([first, second, third])
-        if len(picked) > budget:
-            self.overdue += max(0, due - max(0, budget - len(first) - len(second)))
-            picked = picked[:budget]
+        if cap is not None and len(picked) > cap:
+            picked = picked[:cap]
         return picked.astype(np.int64)
 
     def mark_refreshed(

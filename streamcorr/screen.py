@@ -398,7 +398,8 @@ class Screener:
         stat = stat_all[i, j]
         screenable = full[i] & full[j]  # gapped pairs are not screened: they keep their cell, and rotate
         passed = screenable & (stat > cal.threshold)
-        pick = scheduler.plan(passed, stat, now_ns, hop_ns, round(self.max_age_s * 1e9), budget)
+        max_age_ns = round(self.max_age_s * 1e9)
+        pick = scheduler.plan(passed, stat, now_ns, hop_ns, max_age_ns, budget, cap=self.max_pairs_per_hop)
         picked = np.zeros(len(pairs), dtype=bool)
         picked[pick] = True
         screened = np.flatnonzero(screenable & ~picked & ~passed)

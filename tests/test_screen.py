@@ -146,6 +146,7 @@ def test_engine_screening_gives_network_estimates_for_dependent_pairs(tmp_path, 
     cfg = EngineConfig(channels=names, rate_hz=50.0, window_len=window, hop_samples=hop, screening="on",
                        max_age_s=8.0, min_effect=0.1)  # fmt: skip
     eng = Engine(cfg)
+    eng.screener.pairs_per_s = 1e6  # a known model speed: the plan must not depend on this machine's load
     rng = np.random.default_rng(5)
     data, dep = _signals(n_ch, window + 10 * hop, rng)
     t = np.arange(data.shape[1]) / 50.0
@@ -249,3 +250,17 @@ def test_engine_new_dependence_is_reported_after_screening(tmp_path, monkeypatch
             assert snap.source is not None and snap.source[28, 29] == SOURCE_SCREEN
         kinds += [ev.kind for ev in events if ev.pair == ("c28", "c29")]
     assert kinds[:1] == ["became-dependent"], kinds
+
+
+def test_scheduler_budget_limits_only_the_rotation() -> None:
+    """Passing pairs beyond the budget are all evaluated (screening cannot save work there); the rotation gets
+    what is left; a hard cap cuts the whole plan."""
+    sched = _sched(10, budget=2)
+    sched.mark_refreshed(np.arange(10), 0, np.zeros(10))
+    passed = np.zeros(10, dtype=bool)
+    passed[[2, 5, 7]] = True
+    stat = np.zeros(10)
+    stat[[2, 5, 7]] = [10.0, 30.0, 20.0]
+    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC).tolist() == [5, 7, 2]
+    assert sched.plan(passed, stat, SEC, SEC, 5 * SEC, budget=5).tolist() == [5, 7, 2, 0, 1]  # share: 10 / 5
+    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC, cap=2).tolist() == [5, 7]
