@@ -1,6 +1,6 @@
 """The plug-in ceiling of a G-node table on the sharp cases of issue 13 (bounded noise, Gaussian rho = 0.99).
 
-    python -m bench.plugin_ceiling [--samples 200000]
+    python -m bench.plugin_ceiling [--samples 200000] [--quick]
 
 InfoNet reads MI out of a G x G table theta by the DV formula over the window's linear-binned
 histogram H (model card, step 6). Over all tables, the largest value that read-out can give is
@@ -42,7 +42,10 @@ def binned_plugin(x: np.ndarray, y: np.ndarray, grid: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=200_000)
+    ap.add_argument("--quick", action="store_true", help="20,000 samples (a smoke test)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.samples = 20_000
     t0 = time.perf_counter()
     rng = np.random.default_rng(SEED)
     cases: list[tuple[str, float, np.ndarray]] = []
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         md.append(f"| {r['case']} | {r['true_mi']:.3f} | "
                   + " | ".join(f"{r['shortfall'][g]:+.3f}" for g in GRIDS) + " |")  # fmt: skip
     md += ["", f"Command: `python -m bench.plugin_ceiling --samples {args.samples}`; {time.perf_counter() - t0:.0f} s."]
-    write_results("plugin_ceiling", {"env": environment(), "samples": args.samples, "rows": rows}, "\n".join(md))
+    data = {"env": environment(), "samples": args.samples, "rows": rows}
+    write_results("plugin_ceiling_quick" if args.quick else "plugin_ceiling", data, "\n".join(md))
     return 0
 
 
