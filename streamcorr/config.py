@@ -250,6 +250,8 @@ class Http(_Strict):
     max_connections: int = Field(256, ge=1, le=65_536)  # open at once; more are closed at once
     header_timeout_s: float = Field(10.0, gt=0, le=3600)  # to send a request's headers (also between requests)
     snapshot_stale_s: float | None = Field(None, gt=0)  # /healthz: input flowing, no snapshot this long (auto)
+    pair_metrics_top_k: int = Field(10, ge=0, le=100)  # /metrics streamcorr_pair_*: the k strongest pairs ...
+    pair_metrics_listed: int = Field(100, ge=0, le=1000)  # ... and at most this many of pairs.pairs (mode list)
 
 
 class Logging(_Strict):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -228,6 +229,35 @@ class _SinkGuard:
             raise
 
 
+def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
+    """Per-pair gauges for Grafana: the ``http.pair_metrics_top_k`` strongest pairs of the newest snapshot and the
+    first ``http.pair_metrics_listed`` pairs of ``pairs.pairs``; at most 1,100 label sets (a, b), so a large
+    matrix cannot flood Prometheus. A pair that leaves the top k leaves the exposition (its series goes stale)."""
+    names = list(snap.channels)
+    index = {n: k for k, n in enumerate(names)}
+    chosen: dict[tuple[int, int], str] = {}
+    listed = cfg.pairs.pairs[: cfg.http.pair_metrics_listed] if cfg.pairs.mode == "list" else []
+    for a, b in listed:
+        if a in index and b in index:
+            i, j = sorted((index[a], index[b]))
+            chosen[(i, j)] = "listed"
+    k = cfg.http.pair_metrics_top_k
+    if k and len(names) > 1:
+        iu, ju = np.triu_indices(len(names), 1)
+        mi = np.nan_to_num(snap.mi[iu, ju], nan=-np.inf)
+        for n in np.argsort(-mi, kind="stable")[:k]:
+            if np.isfinite(mi[n]):
+                chosen.setdefault((int(iu[n]), int(ju[n])), "top")
+    mi_g = GaugeMetricFamily("streamcorr_pair_mi", "MI of a pair in the newest snapshot, nats (top k and listed)",
+                             labels=["a", "b", "why"])  # fmt: skip
+    age_g = GaugeMetricFamily("streamcorr_pair_age_seconds", "Stream seconds since the pair's value was computed",
+                              labels=["a", "b", "why"])  # fmt: skip
+    for (i, j), why in chosen.items():
+        mi_g.add_metric([names[i], names[j], why], float(snap.mi[i, j]))
+        age_g.add_metric([names[i], names[j], why], float(snap.age_s[i, j]))
+    yield from (mi_g, age_g)
+
+
 class _Metrics(Collector):
     """Reads the live counters at scrape time, so nothing is counted twice."""
 
@@ -290,6 +320,8 @@ class _Metrics(Collector):
                 stages.add_metric([stage], sec)
             yield stages
             yield from _compute_metrics(engine.compute, d.cfg.compute.backend)
+            if engine.latest is not None:
+                yield from _pair_metrics(engine.latest, d.cfg)
         depth = GaugeMetricFamily("streamcorr_queue_depth", "Items waiting in bounded queues", labels=["queue"])
         for name, n in d.queue_depths().items():
             depth.add_metric([name], n)
