@@ -88,8 +88,8 @@ def test_sigkill_leaves_every_parquet_file_readable(tmp_path):
     cfg = {
         "version": 1,
         "sources": [source],
-        "channels": {"names": ["a", "b", "c"], "rate_hz": 10.0},
-        "window": {"samples": 64, "hop_samples": 5},
+        "channels": {"names": ["a", "b", "c"], "rate_hz": 20.0},
+        "window": {"samples": 32, "hop_samples": 5},
         "outputs": {"record": {"directory": str(rec_dir), "rotate_s": 1.0}, "status_interval_s": 0.5},
         "http": {"enabled": False},
         "logging": {"format": "text", "level": "WARNING"},
@@ -103,11 +103,11 @@ def test_sigkill_leaves_every_parquet_file_readable(tmp_path):
     rng = np.random.default_rng(12)
     try:
         deadline = time.monotonic() + 120
-        while len(list(rec_dir.glob("timeline-*.parquet"))) < 3:  # live: 5 samples per channel every 0.5 s
+        while len(list(rec_dir.glob("timeline-*.parquet"))) < 3:  # live: 10 samples per channel every 0.5 s
             assert time.monotonic() < deadline, "no recorded files within 120 s"
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            t = time.time() - 0.4 + np.arange(5) / 10
-            chunk = {"t": t.tolist(), "channels": {c: rng.standard_normal(5).tolist() for c in "abc"}}
+            t = time.time() - 0.45 + np.arange(10) / 20
+            chunk = {"t": t.tolist(), "channels": {c: rng.standard_normal(10).tolist() for c in "abc"}}
             push.send_multipart([b"x", msgpack.packb(chunk)])
             time.sleep(0.5)
         os.kill(proc.pid, signal.SIGKILL)
