@@ -230,6 +230,34 @@ def test_ros2_bag_replays_end_to_end_and_its_mcap_reads_the_same(tmp_path):
     assert last[("cmd_vel.linear.x", "cmd_vel.linear.y")] < 0.3
 
 
+def test_ros1_bag_replays_end_to_end(tmp_path):
+    """A ROS 1 bag (rosbags' writer, Noetic types): Vector3Stamped fields become channels (its header is left
+    out) and the dependence between two of them is found."""
+    from rosbags.rosbag1 import Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    store = get_typestore(Stores.ROS1_NOETIC)
+    stamped, vec = store.types["geometry_msgs/msg/Vector3Stamped"], store.types["geometry_msgs/msg/Vector3"]
+    header, stamp = store.types["std_msgs/msg/Header"], store.types["builtin_interfaces/msg/Time"]
+    rng = np.random.default_rng(9)
+    bag = tmp_path / "run.bag"
+    with Writer(bag) as w:
+        conn = w.add_connection("/accel", stamped.__msgtype__, typestore=store)
+        for k in range(600):
+            t_ns = 1_700_000_000_000_000_000 + k * 50_000_000
+            x, y, z = rng.standard_normal(3)
+            hdr = header(seq=k, stamp=stamp(sec=t_ns // 10**9, nanosec=t_ns % 10**9), frame_id="imu")
+            msg = stamped(header=hdr, vector=vec(x=x, y=np.abs(x) + 0.1 * y, z=z))
+            w.write(conn, t_ns, store.serialize_ros1(msg, stamped.__msgtype__))
+    out = tmp_path / "out"
+    flags = ["--rate-hz", "20", "--window", "128", "--hop", "40", "--no-progress"]
+    assert main(["replay", str(bag), *flags, "-o", str(out)]) == 0
+    last = _timeline(out)[max(_timeline(out))]
+    assert set(last) == {("accel.vector.x", "accel.vector.y"), ("accel.vector.x", "accel.vector.z"),
+                         ("accel.vector.y", "accel.vector.z")}  # fmt: skip
+    assert last[("accel.vector.x", "accel.vector.y")] > 0.5 > last[("accel.vector.x", "accel.vector.z")]
+
+
 def test_long_parquet_log_replays_like_the_wide_csv(tmp_path):
     """The same samples as a long Parquet table (time, channel, value) and as a wide CSV give the same timeline."""
     import pyarrow as pa
