@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from streamcorr.ingest.logs import open_log
 
     rows = []
+    env = environment()  # before the runs: a --threads run sets torch's threads for the rest of the process
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.csv"
         write_log(log, args.channels, seconds, rate)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                 "meets_10x": seconds / wall_s >= 10.0,
             })  # fmt: skip
     data = {
-        "env": environment(),
+        "env": env,
         "command": f"python -m bench.replay{' --quick' if args.quick else ''}",
         "channels": args.channels,
         "rate_hz": rate,

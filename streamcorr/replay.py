@@ -8,7 +8,7 @@ is refused as "future" (``max_future_s`` off) whatever its time stamp.
 
 Writes ``timeline.parquet``, ``events.parquet``, ``events.jsonl`` (see :mod:`streamcorr.publish.history`)
 and ``replay.json`` (what was replayed with which settings, how fast, and whether it was stopped early) into
-the output directory. Ctrl-C stops after the current hop with everything so far written.
+the output directory. Ctrl-C stops at once: the hop in progress is dropped, every hop before it is written.
 """
 
 from __future__ import annotations
