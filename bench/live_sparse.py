@@ -1,6 +1,6 @@
 """Sparse-graph live benchmark: a real daemon fed over ZeroMQ, read by a separate subscriber.
 
-    python -m bench.live_sparse [--duration-s 150] [--onset-s 70] [--channels 256]
+    python -m bench.live_sparse [--duration-s 150] [--onset-s 70] [--channels 256] [--quick]
 
 `streamcorr run` with a plain configuration (ZeroMQ PULL source, 50 Hz clock, window 512, 1-s hop, the
 ZeroMQ outputs; no screening or pair keys) ingests 256 channels that this process PUSHes in real time as
@@ -323,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--channels", type=int, default=256)
     ap.add_argument("--startup-s", type=float, default=15.0, help="wait for the daemon before feeding it")
     ap.add_argument("--name", default="live_sparse_256ch")
+    ap.add_argument("--quick", action="store_true", help="45 s, onset at 20 s (a smoke run, not for the targets)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.duration_s, args.onset_s, args.name = 45.0, 20.0, f"{args.name}_quick"
     res = run(args)
     r = res
     if "error" in r:
