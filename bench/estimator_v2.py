@@ -1,6 +1,7 @@
 """Estimator v2 acceptance tables (issue 13): a candidate beside v1 and KSG-3 on the same held-out windows.
 
     python -m bench.estimator_v2 --weights PATH [--quick] [--tag NAME] [--v1 models/infonet-v1.safetensors]
+    python -m bench.estimator_v2 --speed-only --weights PATH [--tag NAME]
 
 Rows: KSG-3 (scikit-learn), v1 with mid-ranks (today), v1 with jittered ties
 (the tie-policy comparison), and the candidate with its own tie policy (from
@@ -25,6 +26,7 @@ bench/results/estimator_v2[_quick][_TAG].{md,json}.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +122,50 @@ def _fmt_row(name: str, vals: list[float], fmt: str = "{:+.3f}") -> str:
     return f"| {name} | " + " | ".join(fmt.format(v) for v in vals) + " |"
 
 
+def _load() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+        return f"load average {one:.1f} (1 min), {five:.1f} (5 min)"
+    except OSError:
+        return "load unknown"
+
+
+def speed_only(args: argparse.Namespace) -> int:
+    """Per-pair time of every row on the same 256 pairs at T = 2000, in rounds that alternate the rows, so
+    that a machine shared with other work slows them alike; KSG-3 on 64 of the pairs in each round."""
+    ests = _estimators(args.weights, args.v1, ksg=False)
+    rng = np.random.default_rng(12)
+    z = np.stack([random_mixture(rng).sample(2000, rng).T for _ in range(256)])
+    for est in ests.values():
+        est(z[:8, 0], z[:8, 1])  # warm-up: Numba compilation, torch allocator
+    times: dict[str, list[float]] = {name: [] for name in [*ests, "KSG-3"]}
+    load_before = _load()
+    for _ in range(1 if args.quick else 7):
+        for name, est in ests.items():
+            t0 = time.perf_counter()
+            est(z[:, 0], z[:, 1])
+            times[name].append((time.perf_counter() - t0) / 256)
+        t0 = time.perf_counter()
+        KSG(3).estimate(z[:64, 0], z[:64, 1])
+        times["KSG-3"].append((time.perf_counter() - t0) / 64)
+    med = {name: float(np.median(t)) for name, t in times.items()}
+    best = {name: float(np.min(t)) for name, t in times.items()}  # the least disturbed round: the cost itself
+    md = ["# Estimator v2: speed of every row at T = 2000 (same pairs, alternating rounds)\n",
+          f"Machine: {load_before} before, {_load()} after (2 cores shared with other work: ratios matter, "
+          "absolute times do not).\n",
+          "| estimator | ms per pair, fastest round | median | KSG-3 / this, fastest | median | rounds |",
+          "|---|---|---|---|---|---|"]  # fmt: skip
+    for name, t in med.items():
+        md.append(f"| {name} | {1e3 * best[name]:.3f} | {1e3 * t:.3f} | {best['KSG-3'] / best[name]:.1f}x | "
+                  f"{med['KSG-3'] / t:.1f}x | {', '.join(f'{1e3 * x:.2f}' for x in times[name])} |")  # fmt: skip
+    md.append(f"\nCommand: `python -m bench.estimator_v2 --speed-only --weights {args.weights}"
+              f"{' --tag ' + args.tag if args.tag else ''}`.")  # fmt: skip
+    data = {"env": environment(), "weights": args.weights, "s_per_pair_median": med, "s_per_pair_fastest": best,
+            "rounds": times, "load_before": load_before, "load_after": _load()}  # fmt: skip
+    write_results("estimator_v2_speed" + (f"_{args.tag}" if args.tag else ""), data, "\n".join(md))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", required=True, help="candidate weights (.safetensors)")
@@ -127,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="20 mixtures per level, 10 quantised items per group, 2 draws")
     ap.add_argument("--no-ksg", action="store_true")
     ap.add_argument("--tag", default="", help="results go to estimator_v2[_quick][_TAG].{md,json}")
+    ap.add_argument("--speed-only", action="store_true", help="time every row, interleaved: estimator_v2_speed[_TAG]")
     args = ap.parse_args(argv)
+    if args.speed_only:
+        return speed_only(args)
     n_lvl, per_group, draws = (20, 10, 2) if args.quick else (100, 24, 5)
     t_start = time.perf_counter()
     ests = _estimators(args.weights, args.v1, not args.no_ksg)
