@@ -16,6 +16,8 @@ start-up after imports (a few seconds). ``symmetrise`` applies a random exact
 symmetry of the square to each item; ``max_reuse`` > 1 lets a fast device take
 another step on the last batch (under a new symmetry) while the workers catch up.
 Imports streamcorr.model / .weights / .copula only (no pydantic).
+git ignores a run's weights and checkpoint (training/runs/*/*.safetensors, checkpoint.pt); to ship weights,
+copy them to models/<name>.safetensors and link streamcorr/data/<name>.safetensors to that file.
 
 Objective per batch (see models/README.md for why both terms):
     loss = -mean DV(theta; fresh samples) + readout_weight * mean (DV(theta; window) - MI)^2
