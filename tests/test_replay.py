@@ -387,3 +387,44 @@ def test_report_of_a_7_minute_replay_renders_offline_in_chromium(tmp_path, chrom
     others = [u for u in requests if u != html_path.as_uri() and not u.startswith("data:")]
     assert others == [], others
     assert problems == [], problems
+
+
+def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path):
+    """A real SIGINT (Ctrl-C) to `streamcorr replay` part way: exit 130, and the timeline, events and replay.json
+    hold every hop done before it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(10)
+    n = 60_000  # 10 minutes at 100 Hz: far more hops than the seconds this test waits
+    v = rng.standard_normal((3, n))
+    log = tmp_path / "long.csv"
+    np.savetxt(log, np.vstack([np.arange(n) / 100, v]).T, delimiter=",", header="t,a,b,c", comments="", fmt="%.9g")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamcorr.cli", "replay", str(log), "--rate-hz", "100", "--window", "256",
+         "--hop", "10", "--no-progress", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("replaying"), "the replay did not start"
+        deadline = time.monotonic() + 120
+        while not (out / "events.jsonl").exists():  # made once the engine (model, calibration) is ready
+            assert proc.poll() is None and time.monotonic() < deadline, "the engine did not start"
+            time.sleep(0.1)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    done = int(stdout.split("stopped by Ctrl-C after ")[1].split(" hops")[0])
+    assert 0 < done < (n - 256) // 10
+    assert len(_timeline(out)) == done
+    assert json.loads((out / "replay.json").read_text())["interrupted"] is True
+    pq.read_table(out / "events.parquet")  # readable (empty or not)
