@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -300,3 +301,17 @@ async def stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def http_metrics(port: int) -> str:
+    """The /metrics body of a daemon on 127.0.0.1:port; empty while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
+
+
+def metric_sum(text: str, prefix: str) -> float:
+    """Sum of the series whose line starts with prefix (name and the start of its labels)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))

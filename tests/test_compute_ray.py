@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from streamcorr.copula import rank_transform
 from streamcorr.engine import Engine, EngineConfig
 from streamcorr.errors import ConfigError
 from streamcorr.estimator import Estimator
-from tests.brokers import free_port
+from tests.brokers import free_port, http_metrics, metric_sum
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CHANNELS, WINDOW = 64, 128
@@ -194,18 +193,6 @@ def test_example_ray_config_checks():
     assert cfg["compute"]["backend"] == "ray" and cfg["compute"]["workers"] == 2
 
 
-def _metrics(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return str(r.read().decode())
-    except OSError:
-        return ""
-
-
-def _series(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-
-
 def test_daemon_sigterm_shuts_its_ray_down(tmp_path):
     """`streamcorr run` with compute.backend ray starts a local Ray instance, evaluates hops on its worker
     (counted on /metrics), and on SIGTERM exits 0 with that instance shut down (its GCS port closed)."""
@@ -229,7 +216,7 @@ def test_daemon_sigterm_shuts_its_ray_down(tmp_path):
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while _series(_metrics(http_port), 'streamcorr_compute_workers{backend="ray"}') < 1:
+        while metric_sum(http_metrics(http_port), 'streamcorr_compute_workers{backend="ray"}') < 1:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
         t = np.floor(time.time()) - 10.0 + np.arange(100) / 10
@@ -238,7 +225,7 @@ def test_daemon_sigterm_shuts_its_ray_down(tmp_path):
         push.send_multipart([b"rig", msgpack.packb({"t": t.tolist(), "channels": {
             n: rng.standard_normal(100).tolist() for n in names}})])  # fmt: skip
         push.close(linger=2000)
-        while _series(_metrics(http_port), 'streamcorr_compute_pairs_done_total{backend="ray"}') < 3:
+        while metric_sum(http_metrics(http_port), 'streamcorr_compute_pairs_done_total{backend="ray"}') < 3:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
         gcs = re.search(r"gcs ([\d.]+):(\d+)\)", log.read_text())

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ import yaml
 import zmq
 
 from streamcorr.publish.subscriber import Subscriber
-from tests.brokers import free_port
+from tests.brokers import free_port, http_metrics, metric_sum
 
 RATE = 10.0
 EXIT_BOUND_S = 40.0  # a liveness bound for shutdown, far above its design (~6 s), far below a long hop
@@ -46,19 +45,6 @@ def _daemon(tmp_path: Path, cfg: dict[str, Any]) -> Iterator[subprocess.Popen[by
             proc.wait()
 
 
-def _metrics(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-            return str(r.read().decode())
-    except OSError:
-        return ""
-
-
-def _series(text: str, prefix: str) -> float:
-    """Sum of the series whose line starts with prefix (name and the start of its labels)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
-
-
 def _dropped(text: str, stage: str, reason: str) -> float:
     """streamcorr_samples_dropped_total for one stage and reason (labels in any order)."""
     for line in text.splitlines():
@@ -70,7 +56,7 @@ def _dropped(text: str, stage: str, reason: str) -> float:
 
 def _wait_metrics(proc: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not _metrics(port):
+    while not http_metrics(port):
         assert proc.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, "the daemon's /metrics never answered"
         time.sleep(0.2)
@@ -140,13 +126,13 @@ def test_one_hostile_message_does_not_stop_the_output(mqtt_broker, tmp_path):
             await pub.publish(attack, msgpack.packb({"t0": now - 1, "dt": 0.1, "channels": names}), qos=1)
             await feed(pub, 8.0)
             taker.cancel()
-            metrics = await asyncio.to_thread(_metrics, http_port)
+            metrics = await asyncio.to_thread(http_metrics, http_port)
         return before, after, metrics
 
     with _daemon(tmp_path, cfg) as proc:
         _wait_metrics(proc, http_port, log)
         deadline = time.monotonic() + 60
-        while _series(_metrics(http_port), "streamcorr_source_connected") < 1:
+        while metric_sum(http_metrics(http_port), "streamcorr_source_connected") < 1:
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.2)
         _, after, metrics = asyncio.run(scenario(proc))
@@ -203,11 +189,11 @@ def test_sigterm_during_a_long_hop_exits_within_a_bound(tmp_path):
         push.send_multipart([b"rig", msgpack.packb({"t": t.tolist(), "channels": values})])
         push.close(linger=2000)
         deadline = time.monotonic() + 60
-        while _series(_metrics(http_port), "streamcorr_samples_ingested_total") < 150 * 100:
+        while metric_sum(http_metrics(http_port), "streamcorr_samples_ingested_total") < 150 * 100:
             assert time.monotonic() < deadline and proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.2)
         time.sleep(3.0)  # the hop is under way (it is due as soon as the data is in)
-        assert _series(_metrics(http_port), "streamcorr_hops_total") == 0, "the hop ended before SIGTERM"
+        assert metric_sum(http_metrics(http_port), "streamcorr_hops_total") == 0, "the hop ended before SIGTERM"
         proc.send_signal(signal.SIGTERM)
         assert _exit_within(proc, EXIT_BOUND_S, log) == 0
     assert "stopped" in log.read_text()
