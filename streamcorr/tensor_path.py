@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -58,10 +58,9 @@ class TimeSplit:
     download_s: float = 0.0
     pairs: int = 0
     calls: int = 0
-    _marks: dict[str, float] = field(default_factory=dict, repr=False)
 
     def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return dict(self.__dict__)
 
 
 def bin_weights(u: torch.Tensor, grid: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -105,14 +105,20 @@ def test_scheduler_dependent_pairs_always_evaluated() -> None:
     assert sched.overdue > 0  # 300 pairs cannot all be refreshed every 5 s with 17 rotation slots: counted
 
 
-def test_scheduler_passing_pairs_strongest_first() -> None:
-    """Pairs that pass the screen come after hot pairs, strongest statistic first, before rotation."""
-    sched = _sched(10, budget=3)
+def _three_passing(budget: int) -> tuple[Scheduler, np.ndarray, np.ndarray]:
+    """A scheduler of 10 refreshed pairs of which 2, 5 and 7 pass the screen with statistics 10, 30 and 20."""
+    sched = _sched(10, budget=budget)
     sched.mark_refreshed(np.arange(10), 0, np.zeros(10))
     passed = np.zeros(10, dtype=bool)
     passed[[2, 5, 7]] = True
     stat = np.zeros(10)
     stat[[2, 5, 7]] = [10.0, 30.0, 20.0]
+    return sched, passed, stat
+
+
+def test_scheduler_passing_pairs_strongest_first() -> None:
+    """Pairs that pass the screen come after hot pairs, strongest statistic first, before rotation."""
+    sched, passed, stat = _three_passing(budget=3)
     assert sched.plan(passed, stat, SEC, SEC, 100 * SEC).tolist() == [5, 7, 2]
 
 
@@ -255,12 +261,7 @@ def test_engine_new_dependence_is_reported_after_screening(tmp_path, monkeypatch
 def test_scheduler_budget_limits_only_the_rotation() -> None:
     """Passing pairs beyond the budget are all evaluated (screening cannot save work there); the rotation gets
     what is left; a hard cap cuts the whole plan."""
-    sched = _sched(10, budget=2)
-    sched.mark_refreshed(np.arange(10), 0, np.zeros(10))
-    passed = np.zeros(10, dtype=bool)
-    passed[[2, 5, 7]] = True
-    stat = np.zeros(10)
-    stat[[2, 5, 7]] = [10.0, 30.0, 20.0]
+    sched, passed, stat = _three_passing(budget=2)
     assert sched.plan(passed, stat, SEC, SEC, 100 * SEC).tolist() == [5, 7, 2]
     assert sched.plan(passed, stat, SEC, SEC, 5 * SEC, budget=5).tolist() == [5, 7, 2, 0, 1]  # share: 10 / 5
     assert sched.plan(passed, stat, SEC, SEC, 100 * SEC, cap=2).tolist() == [5, 7]
