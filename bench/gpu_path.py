@@ -3,10 +3,11 @@
     python -m bench.gpu_path [--channels 256 1024 4096] [--window 1024] [--budget-s 240]
 
 Needs a CUDA device. For each channel count, all C (C - 1) / 2 pairs of one
-window are estimated by ``TensorPath`` from copula values on the host (the
-engine's shared ranks) to MI values on the host; pairs/s is the median of
-repeats after a warm-up. First the variants (histogram dtype, bf16 autocast,
-batch size) are compared at 1,024 channels and checked against the CPU path
+window are estimated by ``Estimator.estimate_ranks`` (``TensorPath`` on CUDA)
+from copula values on the host (the engine's shared ranks) to MI values on the
+host; pairs/s is the median of repeats after a warm-up. First the variants
+(eager or compiled, fp32 or bf16 autocast, TF32) are compared at 1,024
+channels and checked against the CPU path
 (Numba histograms, fp32 model) on the same pairs; the fastest variant within
 0.005 nats of it is then timed at every channel count, with the time split
 between host ranking, upload, bin weights, histograms, model and download.
