@@ -432,8 +432,11 @@ class RayEvaluator:
         submit()
         while (pending or queue) and not self._closing.is_set():
             remaining = deadline - time.monotonic()
-            # what can free a slot: this hop's tiles, and those an earlier deadline left running
+            # what can free a slot: this hop's tiles, those an earlier deadline left running, and a worker
+            # still loading (the replacement of a lost one) when none is ready
             waitable = [*pending, *(r for r in self._abandoned if self._owner[r] in self._ready)]
+            if not self._ready:
+                waitable += list(self._joining)
             if remaining <= 0 or not waitable:  # no worker left to wait for: the rest is stale
                 break
             busy_s += time.perf_counter() - t_hop
@@ -444,8 +447,10 @@ class RayEvaluator:
                 for ref in ready:
                     if ref in pending:
                         settle(ref)
-                    else:
+                    elif ref in self._abandoned:
                         self._reap(ref)
+                if any(ref in self._joining for ref in ready):
+                    self._upkeep(respawn=False)
                 submit()
         for ref in pending:  # the deadline passed: cancel what is queued; what runs keeps its slot until it ends
             try:

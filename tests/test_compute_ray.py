@@ -129,6 +129,19 @@ def test_a_worker_killed_mid_hop_is_retried_and_replaced(ray_instance, window):
         assert len(ev.tiles_by_worker()) == 2 and min(ev.tiles_by_worker().values()) > 0
 
 
+def test_the_only_worker_lost_between_hops_is_replaced_within_the_hop(ray_instance, window):
+    """A pool of one whose worker dies between hops: the next hop finds it gone, waits for the replacement
+    within its deadline instead of marking every cell stale, and returns values equal to local."""
+    u, constant, iu, iv, ref = window
+    with _evaluator(workers=1) as ev:
+        assert np.abs(ev.estimate(u, iu[:64], iv[:64], constant) - ref[:64]).max() <= TOL
+        ray.kill(ev.worker_handles()[0])
+        mi = ev.estimate(u, iu[:256], iv[:256], constant)
+        c = ev.counters()
+    assert np.abs(mi - ref[:256]).max() <= TOL
+    assert c["workers_lost"] == 1 and c["workers_joined"] == 2 and c["cells_stale"] == 0
+
+
 def test_a_worker_added_takes_tiles_from_a_later_hop(ray_instance, window):
     """A pool of one gets a second worker while running; once its model has loaded, it takes tiles too, and
     results stay equal to local."""
