@@ -37,10 +37,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
 from streamcorr.errors import StreamcorrError
-from streamcorr.publish.changes import ChangeEvent
 from streamcorr.publish.subscriber import Subscriber
 
 RATE_HZ = 10.0

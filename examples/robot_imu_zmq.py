@@ -46,11 +46,11 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
 from streamcorr.errors import StreamcorrError
-from streamcorr.publish.changes import ChangeEvent
-from streamcorr.publish.snapshot import Snapshot
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.subscriber import Subscriber
 
 RATE_HZ = 100.0

@@ -19,8 +19,8 @@ _LAZY = {
     "sliced_mi": "estimator",
     "Engine": "engine",
     "EngineConfig": "engine",
-    "Snapshot": "publish.snapshot",
-    "ChangeEvent": "publish.changes",
+    "Snapshot": "matrix",
+    "ChangeEvent": "changes",
     "Subscriber": "publish.subscriber",
     "load_config": "config",
 }
@@ -43,11 +43,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from .changes import ChangeEvent
     from .config import load_config
     from .engine import Engine, EngineConfig
     from .estimator import Estimator, estimate_mi, estimate_mi_batch, sliced_mi
-    from .publish.changes import ChangeEvent
-    from .publish.snapshot import Snapshot
+    from .matrix import Snapshot
     from .publish.subscriber import Subscriber
 
 

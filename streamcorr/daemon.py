@@ -35,6 +35,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .cache import cache_dir_text
+from .changes import ChangeEvent
 from .compute import COUNTER_HELP, GAUGES, PairEvaluator, build_evaluator
 from .config import Config, MqttConnection, Payload
 from .engine import Engine, EngineConfig
@@ -43,9 +45,8 @@ from .estimator import Estimator
 from .http_guard import HttpGuard
 from .ingest.mqtt import MqttSettings, MqttTls
 from .logutil import RateLimitedLog, RepeatLimitFilter
-from .publish.changes import ChangeEvent
+from .matrix import Snapshot
 from .publish.sinks import forward
-from .publish.snapshot import Snapshot
 from .scheduler import PairSelection
 
 log = logging.getLogger("streamcorr.daemon")
@@ -828,7 +829,7 @@ class Daemon:
                         "(the model on %s windows of independent noise, once per setting; about %s on this CPU, "
                         "then cached in %s); /healthz says \"starting\" meanwhile, Ctrl-C stops",
                         ec.window_len, f"{_null_windows(ec.false_alarm_rate):,}",
-                        _duration(calibration_eta_s(ec.window_len, ec.false_alarm_rate)), _cache_dir_text(),
+                        _duration(calibration_eta_s(ec.window_len, ec.false_alarm_rate)), cache_dir_text(),
                     )  # fmt: skip
                 else:
                     log.info("still measuring the null calibration (%.0f s so far)", time.monotonic() - t0)
@@ -962,12 +963,6 @@ def calibration_eta_s(window_len: int, false_alarm_rate: float) -> float:
 
 def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min"
-
-
-def _cache_dir_text() -> str:
-    import os
-
-    return os.environ.get("STREAMCORR_CACHE_DIR") or "~/.cache/streamcorr"
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:

@@ -32,28 +32,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .buffers import ChannelCounters, Resampler, RingBuffer
+from .cache import cache_dir
+from .changes import ChangeDetector, ChangeEvent, cached_calibration
 from .compute import LocalEvaluator, PairEvaluator
 from .copula import SlidingRanks
 from .errors import ConfigError, InputError
 from .estimator import Estimator
 from .logutil import RateLimitedLog
+from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
-from .publish import ChangeDetector, ChangeEvent, MatrixState, NullCalibration, Snapshot
-from .publish.snapshot import SOURCE_SCREEN
 from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING, PairSelection, Scheduler
 from .screen import Screener
 
@@ -182,43 +179,6 @@ class _StoppableEstimator(Estimator):
         return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
 
 
-_CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
-
-
-# Null calibrations shipped for the default false_alarm_rate and min_effect at windows 256, 512, 1024 and 2048
-# (shipped weights, CPU), so most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
-SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("STREAMCORR_CACHE_DIR") or Path.home() / ".cache" / "streamcorr")
-
-
-def _calibration(est: Estimator, window_len: int, rate: float, min_effect: float) -> NullCalibration:
-    """Null calibration per weights, device and setting: measured once (thousands of windows), then cached in
-    the process and on disk (STREAMCORR_CACHE_DIR, default ~/.cache/streamcorr), since it is deterministic."""
-    key = (est.fingerprint, window_len, rate, min_effect)
-    if key in _CALIBRATIONS:
-        return _CALIBRATIONS[key]
-    path = _cache_dir() / f"null-{key[0]}-{window_len}-{rate:g}-{min_effect:g}.json"
-    cal: NullCalibration | None = None
-    for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            cal = NullCalibration(**json.loads(known.read_text()))
-            break
-    if cal is None:
-        cal = NullCalibration.measure(est.estimate_batch, window_len, rate, min_effect)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(dataclasses.asdict(cal)))
-            tmp.replace(path)
-        except OSError as exc:  # a read-only home only costs the next start the measurement again
-            log.info("could not cache the null calibration in %s: %s", path.parent, exc)
-    _CALIBRATIONS[key] = cal
-    return cal
-
-
 class _Channel:
     def __init__(self, name: str, capacity: int, window_len: int) -> None:
         self.name = name
@@ -258,7 +218,9 @@ class Engine:
         self._channels: dict[str, _Channel] = {}
         self.state = MatrixState([])
         self.counters = EngineCounters()
-        self.calibration = _calibration(self.est, config.window_len, config.false_alarm_rate, config.min_effect)
+        self.calibration = cached_calibration(
+            self.est.fingerprint, self.est.estimate_batch, config.window_len, config.false_alarm_rate, config.min_effect
+        )
         self.detector = ChangeDetector(self.calibration, config.delta, config.persist, config.rel_delta)
         self.screener = Screener(
             mode=config.screening,
@@ -268,7 +230,7 @@ class Engine:
             max_age_s=config.max_age_s,
             hop_budget=config.hop_budget,
             max_pairs_per_hop=config.max_pairs_per_hop,
-            cache_dir=_cache_dir(),
+            cache_dir=cache_dir(),
         )
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)

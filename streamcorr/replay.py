@@ -29,8 +29,8 @@ from . import __version__
 from .engine import Engine, EngineConfig
 from .estimator import Estimator
 from .ingest.logs import Recording
+from .matrix import Snapshot
 from .publish.history import HistoryWriter
-from .publish.snapshot import Snapshot
 
 __all__ = ["ReplayResult", "replay"]
 

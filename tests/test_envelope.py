@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.publish.changes import ChangeEvent
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import (
     VERSION,
     EnvelopeError,
@@ -22,7 +23,6 @@ from streamcorr.publish.envelope import (
     encode_status,
     select_pairs,
 )
-from streamcorr.publish.snapshot import Snapshot
 
 
 def random_snapshot(rng: np.random.Generator, n: int, names: list[str] | None = None, seq: int = 1) -> Snapshot:

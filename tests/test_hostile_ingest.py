@@ -24,9 +24,9 @@ from streamcorr.errors import ConfigError, InputError
 from streamcorr.ingest.mqtt import MqttSettings, MqttSource
 from streamcorr.ingest.payload import CACHE_BYTES, PayloadDecoder
 from streamcorr.ingest.zmq import ZmqSource
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import MAX_ENVELOPE_BYTES, decode_message, encode_snapshot
 from streamcorr.publish.mqtt_sink import MqttPublisher
-from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.zmq_sink import ZmqPublisher
 from tests.brokers import small_engine, stop, until
 

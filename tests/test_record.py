@@ -16,10 +16,10 @@ import pytest
 import yaml
 import zmq
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.cli import main
-from streamcorr.publish.changes import ChangeEvent
+from streamcorr.matrix import MatrixState
 from streamcorr.publish.record import ParquetRecorder
-from streamcorr.publish.snapshot import MatrixState
 from tests.brokers import free_port
 
 pq = pytest.importorskip("pyarrow.parquet")

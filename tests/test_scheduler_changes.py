@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
+from streamcorr.changes import ChangeDetector, NullCalibration
 from streamcorr.errors import ConfigError
-from streamcorr.publish import ChangeDetector, MatrixState, NullCalibration
+from streamcorr.matrix import MatrixState
 from streamcorr.scheduler import PairSelection, Scheduler
 
 CH = ["a", "b", "c", "d"]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from streamcorr.copula import rank_transform
 from streamcorr.engine import Engine, EngineConfig
 from streamcorr.errors import ConfigError
+from streamcorr.matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, MatrixState
 from streamcorr.publish.envelope import decode_message, encode_snapshot
-from streamcorr.publish.snapshot import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, MatrixState
 from streamcorr.scheduler import PairSelection, Scheduler
 from streamcorr.screen import ScreenCalibration, Screener, pair_statistic, screen_mi, screen_statistic
 

@@ -20,13 +20,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.errors import ConfigError, InputError
 from streamcorr.ingest.mqtt import MqttSettings
-from streamcorr.publish.changes import ChangeEvent
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, decode_message
 from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
 from streamcorr.publish.sinks import SinkCounters, engine_counters
-from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.zmq_sink import ZmqPublisher
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,13 +10,13 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.errors import ConfigError, StreamcorrError
 from streamcorr.ingest.mqtt import MqttSettings
-from streamcorr.publish.changes import ChangeEvent
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, encode_event, encode_status
 from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.sinks import forward
-from streamcorr.publish.snapshot import Snapshot
 from streamcorr.publish.subscriber import Subscriber
 from streamcorr.publish.zmq_sink import ZmqPublisher
 from tests.test_sinks import ANY_PORT, make_event, make_snapshot, prefix, private_broker, until

@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from scipy.stats import norm
 
+from streamcorr.changes import ChangeEvent
 from streamcorr.errors import ConfigError
-from streamcorr.publish.changes import ChangeEvent
-from streamcorr.publish.snapshot import Snapshot
+from streamcorr.matrix import Snapshot
 from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
 
 CHROMIUM = "/usr/bin/chromium"

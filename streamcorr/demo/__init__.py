@@ -25,9 +25,8 @@ from .terminal import TerminalView, compact_line, render
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ..changes import ChangeEvent, EventKind
     from ..engine import Engine, EngineConfig
-    from ..publish import ChangeEvent
-    from ..publish.changes import EventKind
 
 __all__ = [
     "CHANNELS",

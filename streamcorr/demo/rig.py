@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from ..changes import EventKind
 from ..errors import ConfigError
-from ..publish.changes import EventKind
 
 __all__ = ["CHANNELS", "SLOW_CHANNELS", "Pair", "Rig", "ScriptedChange", "TimedFrame"]
 

@@ -27,8 +27,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError
-from ..publish import ChangeEvent, Snapshot
+from ..matrix import Snapshot
 
 __all__ = ["TerminalView", "compact_line", "mi_colour", "render", "short_labels"]
 

@@ -27,7 +27,7 @@ import aiomqtt
 
 from ..errors import ConfigError
 from .payload import PayloadDecoder
-from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, Sink, decode_safely, deliver, merge
+from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
 
 __all__ = ["MqttSettings", "MqttSource", "MqttTls", "jittered_backoff", "make_client"]
 
@@ -135,7 +135,7 @@ class MqttSource:
         settings: MqttSettings,
         topics: list[str],
         decoder: PayloadDecoder,
-        sink: Sink,
+        sink: SampleSink,
         queue_size: int = 10_000,
         queue_bytes: int = 64 << 20,
     ) -> None:

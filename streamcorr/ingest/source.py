@@ -25,16 +25,26 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from ..logutil import RateLimitedLog
 
-__all__ = ["ArrivalClock", "Batch", "IngestCounters", "RateLimitedLog", "Sink", "decode_safely", "deliver", "merge"]
+__all__ = [
+    "ArrivalClock",
+    "Batch",
+    "IngestCounters",
+    "RateLimitedLog",
+    "SampleSink",
+    "Source",
+    "decode_safely",
+    "deliver",
+    "merge",
+]
 
 # (channel, t_s, values) -> samples accepted; Engine.push has this shape.
-Sink = Callable[[str, np.ndarray, np.ndarray], int]
+SampleSink = Callable[[str, np.ndarray, np.ndarray], int]
 
 
 class Batch(NamedTuple):
@@ -144,7 +154,7 @@ def merge(batches: list[Batch]) -> list[Batch]:
     ]
 
 
-def deliver(batches: Iterable[Batch], sink: Sink, counters: IngestCounters, rate_log: RateLimitedLog) -> None:
+def deliver(batches: Iterable[Batch], sink: SampleSink, counters: IngestCounters, rate_log: RateLimitedLog) -> None:
     """Hand each batch to the sink and book it; a raising sink is counted and logged, never propagated."""
     for batch in batches:
         n = len(batch.t_s)
@@ -156,3 +166,26 @@ def deliver(batches: Iterable[Batch], sink: Sink, counters: IngestCounters, rate
             rate_log(logging.ERROR, "sink", "sink raised on %d samples of %r", n, batch.channel, exc_info=True)
             continue
         counters.samples_accepted += int(accepted)
+
+
+@runtime_checkable
+class Source(Protocol):
+    """One input of the engine; the daemon drives every source through this.
+
+    - ``run()`` receives until cancelled (cancelling is how a source stops: it closes its sockets on the way
+      out); broker loss is retried inside with jittered backoff, so it returns or raises only when it cannot
+      go on (a port in use, a bad endpoint: a StreamcorrError naming the problem);
+    - ``counters``: its ingest ledger (the identities above);
+    - ``connected``: True while it holds its connection (a bound ZeroMQ socket always does);
+    - ``queue_depth``: messages received and waiting to be decoded (ZeroMQ keeps its queue inside libzmq: 0).
+    """
+
+    counters: IngestCounters
+
+    async def run(self) -> None: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    @property
+    def queue_depth(self) -> int: ...

@@ -32,7 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import ConfigError
 from .payload import PayloadDecoder
-from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, Sink, decode_safely, deliver, merge
+from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
 
 __all__ = ["ZmqSource"]
 
@@ -62,7 +62,7 @@ class ZmqSource:
         bind: bool = False,
         topics: list[str] | None = None,
         decoder: PayloadDecoder,
-        sink: Sink,
+        sink: SampleSink,
         rcvhwm: int = 10_000,
         context: zmq.Context[Any] | None = None,
         max_message_bytes: int | None = None,
@@ -95,6 +95,10 @@ class ZmqSource:
     @property
     def connected(self) -> bool:
         return self.peers > 0
+
+    @property
+    def queue_depth(self) -> int:
+        return 0  # the receive queue lives inside libzmq (rcvhwm); its drops show only as seq_gaps
 
     def _socket(self) -> zmq.asyncio.Socket:
         ctx = self._context

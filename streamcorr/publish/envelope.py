@@ -76,9 +76,9 @@ from typing import Any, Literal, get_args
 import msgpack
 import numpy as np
 
+from ..changes import ChangeEvent, EventKind
 from ..errors import ConfigError, InputError
-from .changes import ChangeEvent, EventKind
-from .snapshot import Snapshot
+from ..matrix import Snapshot
 
 __all__ = [
     "MAX_ENVELOPE_BYTES",

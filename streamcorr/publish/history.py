@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from ..changes import ChangeEvent
 from ..errors import InputError
-from .changes import ChangeEvent
-from .snapshot import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, Snapshot
+from ..matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, Snapshot
 
 __all__ = ["EVENT_COLUMNS", "TIMELINE_COLUMNS", "HistoryWriter"]
 
@@ -106,7 +106,7 @@ class HistoryWriter:
     """Appends snapshots and events to ``outdir``'s timeline and event files.
 
     >>> import tempfile
-    >>> from streamcorr.publish.snapshot import MatrixState
+    >>> from streamcorr.matrix import MatrixState
     >>> st = MatrixState(["x", "y"]); st.update(np.array([0]), np.array([1]), np.array([0.5]), np.array([1.0]), 10**9)
     >>> with tempfile.TemporaryDirectory() as d:
     ...     with HistoryWriter(d) as w:

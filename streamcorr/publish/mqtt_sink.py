@@ -29,10 +29,11 @@ from collections.abc import Iterator, Mapping
 
 import aiomqtt
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, jittered_backoff, make_client
 from ..logutil import RateLimitedLog, broker_hint
-from .changes import ChangeEvent
+from ..matrix import Snapshot
 from .envelope import (
     check_event,
     check_pair_selection,
@@ -44,7 +45,6 @@ from .envelope import (
     topic,
 )
 from .sinks import SinkCounters
-from .snapshot import Snapshot
 
 __all__ = ["MqttPublisher"]
 

@@ -14,7 +14,7 @@ Contract:
   snapshot) is skipped.
 
 >>> import tempfile, asyncio
->>> from streamcorr.publish.snapshot import MatrixState
+>>> from streamcorr.matrix import MatrixState
 >>> st = MatrixState(["x", "y"]); st.update(np.array([0]), np.array([1]), np.array([0.5]), np.array([1.0]), 10**9)
 >>> with tempfile.TemporaryDirectory() as d:
 ...     rec = ParquetRecorder(directory=d)
@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError
-from .changes import ChangeEvent
+from ..matrix import Snapshot
 from .history import EVENT_COLUMNS, TIMELINE_COLUMNS, _pa, event_row, event_schema, snapshot_rows, timeline_schema
 from .sinks import SinkCounters
-from .snapshot import Snapshot
 
 __all__ = ["ParquetRecorder", "RecorderCounters"]
 

@@ -24,19 +24,19 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ..changes import ChangeEvent
 from ..errors import StreamcorrError
 from ..logutil import RateLimitedLog
-from .changes import ChangeEvent
-from .snapshot import Snapshot
+from ..matrix import Snapshot
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from .mqtt_sink import MqttPublisher
     from .zmq_sink import ZmqPublisher
 
-__all__ = ["MqttPublisher", "Sink", "SinkCounters", "ZmqPublisher", "engine_counters", "forward"]
+__all__ = ["MqttPublisher", "Publisher", "Sink", "SinkCounters", "ZmqPublisher", "engine_counters", "forward"]
 
 log = logging.getLogger("streamcorr.publish")
 
@@ -52,14 +52,41 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class Sink(Protocol):
-    """What :func:`forward` needs from a sink."""
+class Publisher(Protocol):
+    """What :func:`forward` hands messages to: a Sink, or anything else that consumes them."""
 
     async def publish_snapshot(self, snap: Snapshot) -> None: ...
 
     async def publish_event(self, ev: ChangeEvent) -> None: ...
 
     async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None: ...
+
+
+@runtime_checkable
+class Sink(Publisher, Protocol):
+    """One output of the engine's results; the daemon and :func:`forward` drive every output through this.
+
+    - ``start()`` once, before the first message: binds or starts connecting in the background; raises a
+      :class:`~streamcorr.errors.StreamcorrError` for a setting that cannot work (a port in use, say);
+    - ``publish_snapshot`` / ``publish_event`` / ``publish_status``: one message each; a message the output
+      refuses (unencodable, say) raises a StreamcorrError after counting it, and forwarding goes on;
+    - ``stop()``: publishes nothing more, says goodbye where the transport has a status ("offline") and
+      releases sockets and tasks, within a few seconds whatever the network does;
+    - ``counters``: what it sent and dropped per stream, connection events, and ``extra`` ledger entries;
+    - ``problem()``: why it cannot publish now (not connected, its loop ended), None when it can;
+    - ``queue_depth``: messages waiting in its bounded queues now.
+    """
+
+    counters: SinkCounters
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def problem(self) -> str | None: ...
+
+    @property
+    def queue_depth(self) -> int: ...
 
 
 def _per_stream() -> dict[str, int]:
@@ -77,6 +104,7 @@ class SinkCounters:
     connect_failures: int = 0  # MQTT: attempts that did not connect
     latest_requests: int = 0  # ZeroMQ: late-joiner requests answered
     publish_lag_s: float = math.nan  # wall clock at send minus the last sent snapshot's wall_ns
+    extra: dict[str, float] = field(default_factory=dict)  # an output's own ledger (record: files, bytes deleted)
 
     def as_dict(self) -> dict[str, int | float]:
         """Flat ``name: number`` form, for status messages (``sent_snapshot``, ``dropped_event``, ...)."""
@@ -104,7 +132,7 @@ def engine_counters(engine: Engine) -> dict[str, int | float]:
 
 async def forward(
     engine: Engine,
-    *sinks: Sink,
+    *sinks: Publisher,
     status_interval_s: float | None = 5.0,
     status: Callable[[], Mapping[str, float | int]] | None = None,
 ) -> None:

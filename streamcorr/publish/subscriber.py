@@ -40,12 +40,12 @@ import aiomqtt
 import zmq
 import zmq.asyncio
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError, StreamcorrError
 from ..ingest.mqtt import MqttSettings, MqttTls, jittered_backoff, make_client
 from ..logutil import RateLimitedLog, broker_hint
-from .changes import ChangeEvent
+from ..matrix import Snapshot
 from .envelope import MAX_ENVELOPE_BYTES, STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
-from .snapshot import Snapshot
 
 __all__ = ["Subscriber", "SubscriberCounters"]
 

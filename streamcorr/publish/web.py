@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 from aiohttp import WSMsgType, web
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError
 from ..logutil import RateLimitedLog
-from .changes import ChangeEvent
-from .snapshot import Snapshot
+from ..matrix import Snapshot
 
 log = logging.getLogger("streamcorr.publish.web")
 

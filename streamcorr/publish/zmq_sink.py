@@ -23,12 +23,12 @@ from collections.abc import Callable, Mapping
 import zmq
 import zmq.asyncio
 
+from ..changes import ChangeEvent
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
-from .changes import ChangeEvent
+from ..matrix import Snapshot
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
 from .sinks import SinkCounters
-from .snapshot import Snapshot
 
 __all__ = ["ZmqPublisher"]
 

@@ -13,13 +13,25 @@ grows with MI) and persist the same way are reported as rise / fall.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from ..errors import ConfigError
+from .cache import cache_dir
+from .errors import ConfigError
+
+log = logging.getLogger("streamcorr.changes")
+
+# false_alarm_rate must lie in (0, MAX_FALSE_ALARM_RATE): above it the "dependent" quantile is no longer a tail
+MAX_FALSE_ALARM_RATE = 0.1
 
 EventKind = Literal["rise", "fall", "became-dependent", "became-independent"]
 
@@ -53,8 +65,8 @@ class NullCalibration:
         n_pairs: int | None = None,
         seed: int = 0,
     ) -> NullCalibration:
-        if not 0 < false_alarm_rate < 0.1:
-            raise ConfigError(f"false_alarm_rate must be in (0, 0.1); got {false_alarm_rate}")
+        if not 0 < false_alarm_rate < MAX_FALSE_ALARM_RATE:
+            raise ConfigError(f"false_alarm_rate must be in (0, {MAX_FALSE_ALARM_RATE:g}); got {false_alarm_rate}")
         n = n_pairs or int(min(20_000, max(2_000, 10 / false_alarm_rate)))  # ~10 null samples beyond the quantile
         rng = np.random.default_rng(seed)
         null = estimate_batch(rng.standard_normal((n, window_len)), rng.standard_normal((n, window_len)))
@@ -128,3 +140,40 @@ class ChangeDetector:
 
     def is_dependent(self, pair: tuple[str, str]) -> bool | None:
         return self._dependent.get(pair)
+
+
+# Null calibrations shipped for the default false_alarm_rate and min_effect at windows 256, 512, 1024 and 2048
+# (shipped weights, CPU), so most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
+SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
+_CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
+
+
+def cached_calibration(
+    fingerprint: str,
+    estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    window_len: int,
+    false_alarm_rate: float,
+    min_effect: float,
+) -> NullCalibration:
+    """Null calibration per weights (and device: ``fingerprint``) and setting: measured once (thousands of
+    windows), then cached in the process and on disk (streamcorr.cache), since it is deterministic."""
+    key = (fingerprint, window_len, false_alarm_rate, min_effect)
+    if key in _CALIBRATIONS:
+        return _CALIBRATIONS[key]
+    path = cache_dir() / f"null-{fingerprint}-{window_len}-{false_alarm_rate:g}-{min_effect:g}.json"
+    cal: NullCalibration | None = None
+    for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            cal = NullCalibration(**json.loads(known.read_text()))
+            break
+    if cal is None:
+        cal = NullCalibration.measure(estimate_batch, window_len, false_alarm_rate, min_effect)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(dataclasses.asdict(cal)))
+            tmp.replace(path)
+        except OSError as exc:  # a read-only home only costs the next start the measurement again
+            log.info("could not cache the null calibration in %s: %s", path.parent, exc)
+    _CALIBRATIONS[key] = cal
+    return cal
