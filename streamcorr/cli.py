@@ -286,11 +286,11 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .daemon import engine_config, exposed_listeners
+    from .config import exposed_listeners, load_config
+    from .settings import EngineConfig
 
     cfg = load_config(args.config)
-    ec = engine_config(cfg)
+    ec = EngineConfig.from_config(cfg)
     print(f"{args.config}: OK")
     for line in exposed_listeners(cfg):
         print(f"  warning: listening beyond loopback: {line}")
@@ -311,7 +311,8 @@ def _run(args: argparse.Namespace) -> int:
     import logging
 
     from .config import load_config
-    from .daemon import Daemon, setup_logging
+    from .daemon import Daemon
+    from .logutil import setup_logging
 
     cfg = load_config(args.config)
     setup_logging(cfg.logging.level, cfg.logging.format, cfg.logging.max_repeats_per_10s)

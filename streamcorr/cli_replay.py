@@ -79,10 +79,10 @@ def _replay(args: argparse.Namespace) -> int:
             raise InputError(f"{flag} must be more than {low}; got {value}")
     if args.config:
         from .config import load_config
-        from .daemon import engine_config
+        from .settings import EngineConfig
 
         cfg = load_config(args.config, need_sources=False)
-        ec = engine_config(cfg)
+        ec = EngineConfig.from_config(cfg)
         if cfg.compute.backend != "local":
             print("note: replay computes in this process (compute.backend is for live runs)", file=sys.stderr)
         changes: dict[str, object] = {}

@@ -11,6 +11,7 @@ See examples/*.yaml for one complete file per transport and the README for every
 
 from __future__ import annotations
 
+import ipaddress
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .changes import MAX_FALSE_ALARM_RATE
 from .errors import ConfigError
 from .names import name_problem
 from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING
@@ -115,9 +117,11 @@ class Channels(_Strict):
     auto_add: bool = True  # channels first seen at run time join the matrix
     rate_hz: float = Field(100.0, gt=0, le=100_000)  # the common clock
     max_staleness_s: float = Field(0.05, ge=0)  # sample-and-hold limit
-    max_channels: int = Field(256, ge=1, le=2048)  # in all, names first; samples for further new names dropped
+    # in all, names first; samples for further new names dropped. At most 2,048: 12 N^2 bytes of matrices plus
+    # N names must fit one envelope (64 MiB)
+    max_channels: int = Field(256, ge=1, le=2048)
     auto_pairs_per_hop: int = Field(1024, ge=1)  # pairs with an auto-added channel evaluated per hop, at most
-    max_future_s: float = Field(5.0, ge=0)  # samples stamped further ahead of the receive clock are dropped
+    max_future_s: float | None = Field(5.0, ge=0)  # samples stamped further ahead of the receive clock dropped
     max_name_bytes: int = Field(256, ge=1, le=4096)  # channel names: UTF-8, printable, at most this long
 
     @model_validator(mode="after")
@@ -200,7 +204,7 @@ class Compute(_Strict):
 
 
 class Changes(_Strict):
-    false_alarm_rate: float = Field(1e-3, gt=0, lt=0.5)
+    false_alarm_rate: float = Field(1e-3, gt=0, lt=MAX_FALSE_ALARM_RATE)  # per pair and evaluation
     min_effect: float = Field(0.1, ge=0)
     persist: int = Field(2, ge=1)
     delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))
@@ -346,3 +350,47 @@ def load_config(path: str | Path, *, need_sources: bool = True) -> Config:
         return parse_config(data, need_sources=need_sources)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "lo"})
+
+
+def _is_loopback(host: str) -> bool:
+    h = host.strip().strip("[]").lower()
+    if h in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:  # "*", "0.0.0.0"-like names, a hostname or an interface: assume reachable
+        return False
+
+
+def _tcp_host(endpoint: str) -> str | None:
+    """The host part of a tcp:// endpoint (``*``, an address, an interface name); None for ipc/inproc."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    return endpoint[len("tcp://") :].rsplit(":", 1)[0]
+
+
+def exposed_listeners(cfg: Config) -> list[str]:
+    """One line per socket this configuration opens beyond loopback, naming the key and what it exposes."""
+    out = []
+    fix = "set it to 127.0.0.1 unless other hosts must reach it (README: Security and limits)"
+    h = cfg.http
+    if h.enabled and not _is_loopback(h.host):
+        what = "/metrics, /healthz" + (" and the web view" if h.web else "")
+        out.append(f"http.host {h.host!r} serves {what} on port {h.port} to every host that can reach it: {fix}")
+    z = cfg.outputs.zmq
+    if z is not None:
+        host = _tcp_host(z.endpoint)
+        if z.bind and host is not None and not _is_loopback(host):
+            out.append(f"outputs.zmq.endpoint {z.endpoint!r} publishes snapshots and events beyond loopback: {fix}")
+        host = _tcp_host(z.snapshot_endpoint) if z.snapshot_endpoint else None
+        if host is not None and not _is_loopback(host):
+            out.append(f"outputs.zmq.snapshot_endpoint {z.snapshot_endpoint!r} answers anyone who asks: {fix}")
+    for k, src in enumerate(cfg.sources):
+        if src.type == "zmq" and src.bind:
+            host = _tcp_host(src.endpoint)
+            if host is not None and not _is_loopback(host):
+                out.append(f"sources.{k}.endpoint {src.endpoint!r} accepts samples from any host: {fix}")
+    return out

@@ -46,69 +46,18 @@ from .cache import cache_dir
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
 from .compute import LocalEvaluator, PairEvaluator
 from .copula import SlidingRanks
-from .errors import ConfigError, InputError
+from .errors import InputError
 from .estimator import Estimator
 from .logutil import RateLimitedLog
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
-from .names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
-from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING, PairSelection, Scheduler
+from .names import name_problem
+from .scheduler import Scheduler
 from .screen import Screener
+from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.engine")
 
 __all__ = ["Engine", "EngineConfig"]
-
-
-@dataclass
-class EngineConfig:
-    channels: list[str] = field(default_factory=list)  # known up front; others are added on first push
-    rate_hz: float = 100.0  # common clock
-    window_len: int = 1024  # samples of the common clock
-    hop_samples: int = 100  # window advance between evaluations
-    max_staleness_s: float = 0.05  # sample-and-hold limit; also how long a window waits for stragglers
-    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + 2 hops, x2 for jitter)
-    pairs: PairSelection = field(default_factory=PairSelection)
-    max_pairs_per_hop: int | None = None  # None: every selected pair each hop
-    min_coverage: float = 0.9  # pairs valid over less of the window are not evaluated
-    false_alarm_rate: float = 1e-3  # per pair and evaluation, from the estimator's null at window_len
-    min_effect: float = 0.1  # nats: weaker dependence is not reported as "dependent"
-    screening: str = SCREENING  # "auto": screen all pairs when they exceed the hop's network budget; "on"; "off"
-    max_age_s: float = MAX_AGE_S  # screening: every pair gets a network estimate at least this often (in budget)
-    hop_budget: float = HOP_BUDGET  # screening: share of the hop the network may use, at the measured pairs/s
-    persist: int = 2
-    delta: float | None = None  # nats a dependent pair must move for rise/fall (default from the null's spread)
-    rel_delta: float = 0.25  # ... and this fraction of its level
-    auto_add_channels: bool = True
-    max_channels: int = 256  # channels in all, configured ones included; further new names are refused
-    auto_pairs_per_hop: int = 1024  # pairs involving auto-added channels evaluated per hop at most
-    max_future_s: float | None = 5.0  # samples stamped further ahead of the receive clock are refused
-    max_name_bytes: int = MAX_NAME_BYTES  # the channel-name rule's length bound (streamcorr.names)
-    skip_stale_hops: bool = True  # live: jump to the newest window when behind; replay: set False
-    queue_size: int = 64  # per subscriber
-    estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
-
-    def __post_init__(self) -> None:
-        if self.window_len < 32:
-            raise ConfigError(f"window_len must be >= 32 samples (the model's minimum); got {self.window_len}")
-        if self.hop_samples < 1:
-            raise ConfigError(f"hop_samples must be >= 1; got {self.hop_samples}")
-        if not 0 < self.min_coverage <= 1:
-            raise ConfigError(f"min_coverage must be in (0, 1]; got {self.min_coverage}")
-        if len(set(self.channels)) != len(self.channels):
-            raise ConfigError("channels contains duplicate names")
-        check_max_name_bytes(self.max_name_bytes)
-        for name in self.channels:
-            if (why := name_problem(name, self.max_name_bytes)) is not None:
-                raise ConfigError(f"channel name {name!r:.80} is not usable ({why}); see streamcorr.names")
-        if not 1 <= self.max_channels <= MAX_CHANNELS:
-            raise ConfigError(f"max_channels must be in [1, {MAX_CHANNELS}]; got {self.max_channels}")
-        if len(self.channels) > self.max_channels:
-            msg = f"{len(self.channels)} channels are configured but max_channels is {self.max_channels}; raise it"
-            raise ConfigError(msg)
-        if self.auto_pairs_per_hop < 1:
-            raise ConfigError(f"auto_pairs_per_hop must be >= 1; got {self.auto_pairs_per_hop}")
-        if self.max_future_s is not None and not self.max_future_s >= 0:
-            raise ConfigError(f"max_future_s must be >= 0 seconds (or None: no bound); got {self.max_future_s}")
 
 
 @dataclass
@@ -136,7 +85,6 @@ class EngineCounters:
         return now
 
 
-MAX_CHANNELS = 2048  # 12 N^2 bytes of matrices plus N names must fit one envelope (64 MiB)
 _STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
 
 
@@ -507,6 +455,16 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop() while the evaluation task is alive."""
+        return self._task is not None and not self._task.done()
+
+    def queue_depths(self) -> dict[str, int]:
+        """Items waiting in each subscriber queue (bounded by ``queue_size``; the oldest dropped, counted)."""
+        depths = {f"engine_snapshots_{k}": q.qsize() for k, q in enumerate(self._snap_queues)}
+        return depths | {f"engine_events_{k}": q.qsize() for k, q in enumerate(self._event_queues)}
 
     async def start(self) -> None:
         if self._task is None:

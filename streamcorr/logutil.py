@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -99,3 +100,25 @@ def broker_hint(exc: BaseException) -> str:
     if isinstance(exc, ConnectionRefusedError) or "refused" in text or "errno 111" in text:
         return " (is an MQTT broker running there? start Mosquitto: `mosquitto -d`, or `systemctl start mosquitto`)"
     return ""
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"t": round(record.created, 3), "level": record.levelname, "logger": record.name}
+        out["msg"] = record.getMessage()
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "json", max_repeats_per_10s: int = 20) -> None:
+    """Log lines on stderr, JSON or text; any one message template at most ``max_repeats_per_10s`` times per
+    10 s (the rest counted in the next line), so no flood of errors can fill a disk."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    handler.addFilter(RepeatLimitFilter(max_repeats_per_10s))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -41,9 +41,9 @@ HOP_BUDGET = 0.8  # share of each hop the network may use, at the measured pairs
 
 @dataclass(frozen=True)
 class PairSelection:
-    """all=True for every unordered pair; else explicit `pairs`, or `groups` crossed with `groups_with`."""
+    """Explicit `pairs`, or `groups` crossed with `groups_with` (with itself when empty); neither: every
+    unordered pair."""
 
-    all: bool = True
     pairs: tuple[tuple[str, str], ...] = ()
     groups: tuple[str, ...] = ()
     groups_with: tuple[str, ...] = ()

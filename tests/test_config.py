@@ -4,8 +4,8 @@ import pytest
 
 from streamcorr.cli import main
 from streamcorr.config import load_config, parse_config
-from streamcorr.daemon import engine_config
 from streamcorr.errors import ConfigError
+from streamcorr.settings import EngineConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MINIMAL = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}
@@ -15,7 +15,7 @@ MINIMAL = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.
 def test_example_configs_are_valid(name):
     """Every shipped example config validates and maps onto an engine configuration."""
     cfg = load_config(EXAMPLES / name)
-    ec = engine_config(cfg)
+    ec = EngineConfig.from_config(cfg)
     assert ec.window_len == cfg.window.samples and ec.hop_samples >= 1
 
 

@@ -20,10 +20,11 @@ import yaml
 import zmq
 
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon, engine_config
+from streamcorr.daemon import Daemon
 from streamcorr.engine import Engine
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
+from streamcorr.settings import EngineConfig
 from tests.brokers import PrivateBroker, free_port
 
 RATE = 10.0
@@ -61,7 +62,7 @@ def _config(source: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
 
 async def _reference(cfg_dict: dict[str, Any], t: np.ndarray, v: np.ndarray) -> tuple[dict[int, Any], list[Any]]:
     """Snapshots by stream time and events of an in-process engine fed the same chunks."""
-    eng = Engine(engine_config(parse_config(cfg_dict)))
+    eng = Engine(EngineConfig.from_config(parse_config(cfg_dict)))
     snaps: dict[int, Any] = {}
     events: list[Any] = []
 

@@ -53,7 +53,7 @@ def test_ten_minutes_under_the_disk_cap_keep_the_cap_and_an_exact_ledger(tmp_pat
                 await rec.publish_event(ChangeEvent(("ch00", "ch01"), 0.0, 0.5, t_ns, "became-dependent"))
             if s % 20 == 0:
                 sizes.append(sum(p.stat().st_size for p in (tmp_path / "rec").glob("*.parquet")))
-        await rec.close()
+        await rec.stop()
 
     asyncio.run(run())
     d = tmp_path / "rec"

@@ -12,11 +12,11 @@ CH = ["a", "b", "c", "d"]
 def test_pair_selection_modes():
     """All pairs, explicit pairs and groups x groups resolve to sorted unique index pairs."""
     assert PairSelection().resolve(CH).tolist() == [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]
-    assert PairSelection(all=False, pairs=(("d", "a"), ("a", "d"), ("b", "c"))).resolve(CH).tolist() == [[0, 3], [1, 2]]
-    cross = PairSelection(all=False, groups=("a", "b"), groups_with=("c", "d")).resolve(CH)
+    assert PairSelection(pairs=(("d", "a"), ("a", "d"), ("b", "c"))).resolve(CH).tolist() == [[0, 3], [1, 2]]
+    cross = PairSelection(groups=("a", "b"), groups_with=("c", "d")).resolve(CH)
     assert cross.tolist() == [[0, 2], [0, 3], [1, 2], [1, 3]]
     with pytest.raises(ConfigError, match="unknown channel 'z'"):
-        PairSelection(all=False, pairs=(("a", "z"),)).resolve(CH)
+        PairSelection(pairs=(("a", "z"),)).resolve(CH)
 
 
 def test_scheduler_refreshes_stalest_first_under_a_budget():

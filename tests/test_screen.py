@@ -217,7 +217,7 @@ def test_pairs_selection_with_screening(tmp_path, monkeypatch) -> None:
     """A pair list is screened and scheduled like all pairs: only the listed pairs are assessed."""
     monkeypatch.setenv("STREAMCORR_CACHE_DIR", str(tmp_path))
     names = [f"c{k}" for k in range(6)]
-    sel = PairSelection(all=False, pairs=(("c0", "c1"), ("c2", "c5")))
+    sel = PairSelection(pairs=(("c0", "c1"), ("c2", "c5")))
     eng = Engine(EngineConfig(channels=names, rate_hz=10.0, window_len=64, hop_samples=10, pairs=sel,
                               screening="on", max_age_s=100.0))  # fmt: skip
     rng = np.random.default_rng(7)

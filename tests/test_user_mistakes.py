@@ -10,10 +10,11 @@ from pathlib import Path
 
 import yaml
 
+from streamcorr.changes import calibration_eta_s
 from streamcorr.config import parse_config
-from streamcorr.daemon import calibration_eta_s, engine_config
 from streamcorr.demo import RecentRate
 from streamcorr.ingest.payload import PayloadDecoder
+from streamcorr.settings import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FEED = re.compile(r"#\s+(mosquitto_pub .+?)\s+->\s+(.+)$")
@@ -70,7 +71,7 @@ def test_readme_subscriber_snippet_waits_longer_than_a_cold_first_snapshot():
     one window plus, on the first start, the null calibration."""
     readme = (REPO / "README.md").read_text()
     timeout_s = float(re.search(r"iter_snapshots\(timeout_s=(\d+)", readme).group(1))
-    ec = engine_config(parse_config(yaml.safe_load((REPO / "examples" / "mqtt.yaml").read_text())))
+    ec = EngineConfig.from_config(parse_config(yaml.safe_load((REPO / "examples" / "mqtt.yaml").read_text())))
     cold_s = ec.window_len / ec.rate_hz + 1 + calibration_eta_s(ec.window_len, ec.false_alarm_rate)
     assert timeout_s > cold_s, (timeout_s, cold_s)
     assert "snap.origin" in readme  # and the snippet shows how a stale retained snapshot is told apart

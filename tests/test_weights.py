@@ -5,8 +5,8 @@ import pytest
 
 from streamcorr import Estimator
 from streamcorr.config import parse_config
-from streamcorr.daemon import engine_config
 from streamcorr.errors import ConfigError, ModelLoadError
+from streamcorr.settings import EngineConfig
 from streamcorr.weights import DEFAULT_TIES, DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS, weights_path
 
 BASE = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}
@@ -49,7 +49,7 @@ def test_config_accepts_shipped_names_and_paths(weights):
     """estimator.weights takes a shipped name or a .safetensors path, and the daemon hands it to the estimator."""
     cfg = parse_config(BASE | {"estimator": {"weights": weights}})
     assert cfg.estimator.weights == weights
-    assert dict(engine_config(cfg).estimator)["weights"] == weights
+    assert dict(EngineConfig.from_config(cfg).estimator)["weights"] == weights
 
 
 def test_config_rejects_an_unknown_weights_name():

@@ -180,7 +180,8 @@ class Source(Protocol):
     - ``queue_depth``: messages received and waiting to be decoded (ZeroMQ keeps its queue inside libzmq: 0).
     """
 
-    counters: IngestCounters
+    @property
+    def counters(self) -> IngestCounters: ...
 
     async def run(self) -> None: ...
 

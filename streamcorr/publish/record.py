@@ -19,7 +19,7 @@ Contract:
 >>> with tempfile.TemporaryDirectory() as d:
 ...     rec = ParquetRecorder(directory=d)
 ...     asyncio.run(rec.publish_snapshot(st.snapshot(10**9, 0)))
-...     asyncio.run(rec.close())
+...     asyncio.run(rec.stop())
 ...     sorted(p.name.split("-")[0] for p in Path(d).glob("*.parquet")), rec.counters.rows_written
 (['timeline'], 1)
 """
@@ -27,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,7 +85,8 @@ class ParquetRecorder:
         self._seq = 0
         self._last_t_ns: int | None = None
         self._closed = False
-        self._running = False  # run() rotates on time in a worker thread
+        self._running = False  # start() rotates on time in a worker thread
+        self._task: asyncio.Task[None] | None = None
 
     # -- the sink interface ---------------------------------------------------------------------------
     async def publish_snapshot(self, snap: Snapshot) -> None:
@@ -104,9 +106,13 @@ class ParquetRecorder:
     async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
         self._maybe_rotate()  # a quiet run still rotates on time
 
-    async def run(self) -> None:
-        """Rotate on time, writing in a worker thread, until closed (without run, publishing rotates inline)."""
-        self._running = True
+    async def start(self) -> None:
+        """Rotate on time from now on, writing in a worker thread (without start, publishing rotates inline)."""
+        if self._task is None and not self._closed:
+            self._running = True
+            self._task = asyncio.create_task(self._rotate_on_time(), name="record-rotate")
+
+    async def _rotate_on_time(self) -> None:
         try:
             while not self._closed:
                 await asyncio.sleep(min(1.0, self.rotate_s / 4))
@@ -116,10 +122,24 @@ class ParquetRecorder:
         finally:
             self._running = False
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """Write what is buffered and close the files; nothing is recorded after this."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         if not self._closed:
             self._closed = True
             self.rotate()
+
+    def problem(self) -> str | None:
+        if self._task is not None and self._task.done() and not self._closed:
+            return "its rotation loop stopped"
+        return None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._timeline) + len(self._events)  # snapshots and events buffered for the open files
 
     def ledger(self) -> dict[str, int]:
         """The files' counters, for /metrics (``streamcorr_record_<name>``) and the status message."""

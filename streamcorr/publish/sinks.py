@@ -77,7 +77,8 @@ class Sink(Publisher, Protocol):
     - ``queue_depth``: messages waiting in its bounded queues now.
     """
 
-    counters: SinkCounters
+    @property
+    def counters(self) -> SinkCounters: ...
 
     async def start(self) -> None: ...
 

@@ -1,0 +1,325 @@
+"""What the daemon tells about itself: Prometheus /metrics, the status message's counters, /healthz.
+
+Every ledger entry of every part (sources, engine, compute backend, outputs, HTTP listener) is read at
+scrape time from the part's own counters, so nothing is counted twice; /metrics and the status message
+carry the same entries. ``/healthz`` is 200 only while every part does its job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .compute import COUNTER_HELP, GAUGES, PairEvaluator
+from .config import Config
+from .matrix import Snapshot
+from .publish.sinks import SinkCounters
+
+if TYPE_CHECKING:
+    from .daemon import Daemon, SinkGuard
+
+__all__ = ["DaemonMetrics", "health", "output_problem", "queue_depths", "status_counters"]
+
+_SINK_FIELDS = frozenset(f.name for f in dataclasses.fields(SinkCounters))
+_LEDGER_GAUGES = frozenset({"clients", "bytes_on_disk"})  # levels; every other ledger entry only grows
+
+
+def output_ledger(c: SinkCounters) -> dict[str, float]:
+    """An output's own ledger entries: ``extra``, and the numeric fields a subclass of SinkCounters adds."""
+    out = {k: float(v) for k, v in c.extra.items()}
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        if f.name not in _SINK_FIELDS and isinstance(value, int | float) and not isinstance(value, bool):
+            out[f.name] = value
+    return out
+
+
+def queue_depths(d: Daemon) -> dict[str, int]:
+    """Items waiting now in every bounded queue: the engine's subscriber queues, sources' and outputs'."""
+    depths = {}
+    engine = d.engine_or_none
+    if engine is not None:
+        depths.update(engine.queue_depths())
+    for name, src in d.sources:
+        depths[name] = src.queue_depth
+    for guard in d.outputs:
+        depths[f"output_{guard.name}"] = guard.sink.queue_depth
+    return depths
+
+
+def _numbers(obj: object) -> dict[str, int | float]:
+    """The numeric attributes of a counters object (dataclass or plain), dicts of numbers flattened."""
+    out: dict[str, int | float] = {}
+    items = obj.items() if isinstance(obj, Mapping) else vars(obj).items()
+    for name, value in items:
+        if name.startswith("_") or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            out[name] = value
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    out[f"{name}.{k}"] = v
+    return out
+
+
+def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
+    """Per-pair gauges for Grafana: the ``http.pair_metrics_top_k`` strongest pairs of the newest snapshot and the
+    first ``http.pair_metrics_listed`` pairs of ``pairs.pairs``; at most 1,100 label sets (a, b), so a large
+    matrix cannot flood Prometheus. A pair that leaves the top k leaves the exposition (its series goes stale)."""
+    names = list(snap.channels)
+    index = {n: k for k, n in enumerate(names)}
+    chosen: dict[tuple[int, int], str] = {}
+    listed = cfg.pairs.pairs[: cfg.http.pair_metrics_listed] if cfg.pairs.mode == "list" else []
+    for a, b in listed:
+        if a in index and b in index:
+            i, j = sorted((index[a], index[b]))
+            chosen[(i, j)] = "listed"
+    k = cfg.http.pair_metrics_top_k
+    if k and len(names) > 1:
+        iu, ju = np.triu_indices(len(names), 1)
+        mi = np.nan_to_num(snap.mi[iu, ju], nan=-np.inf)
+        for n in np.argsort(-mi, kind="stable")[:k]:
+            if np.isfinite(mi[n]):
+                chosen.setdefault((int(iu[n]), int(ju[n])), "top")
+    mi_g = GaugeMetricFamily("streamcorr_pair_mi", "MI of a pair in the newest snapshot, nats (top k and listed)",
+                             labels=["a", "b", "why"])  # fmt: skip
+    age_g = GaugeMetricFamily("streamcorr_pair_age_seconds", "Stream seconds since the pair's value was computed",
+                              labels=["a", "b", "why"])  # fmt: skip
+    for (i, j), why in chosen.items():
+        mi_g.add_metric([names[i], names[j], why], float(snap.mi[i, j]))
+        age_g.add_metric([names[i], names[j], why], float(snap.age_s[i, j]))
+    yield from (mi_g, age_g)
+
+
+class DaemonMetrics(Collector):
+    """Reads the live counters at scrape time, so nothing is counted twice."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+
+    def collect(self) -> Iterator[Any]:
+        d = self.d
+        ingested = CounterMetricFamily("streamcorr_samples_ingested", "Samples handed to the engine", labels=["source"])
+        drops = CounterMetricFamily(
+            "streamcorr_samples_dropped", "Samples dropped, by stage and reason", labels=["stage", "reason"]
+        )
+        msgs = CounterMetricFamily("streamcorr_messages_received", "Messages received", labels=["source"])
+        connected = GaugeMetricFamily(
+            "streamcorr_source_connected", "1 while the source holds its connection", labels=["source"]
+        )
+        ledger: dict[str, CounterMetricFamily] = {}  # every other numeric ingest counter, one series per source
+        for name, src in d.sources:
+            c = src.counters
+            ingested.add_metric([name], c.samples_handed)
+            msgs.add_metric([name], c.messages)
+            for reason, k in {**c.drops, "queue_full": c.queue_full}.items():
+                drops.add_metric([f"decode:{name}", reason], k)
+            connected.add_metric([name], float(src.connected))
+            for field, n in _numbers(c).items():
+                if field in _INGEST_SHOWN or "." in field:
+                    continue
+                fam = ledger.get(field)
+                if fam is None:
+                    fam = ledger[field] = CounterMetricFamily(
+                        f"streamcorr_source_{field}", _INGEST_HELP.get(field, f"Ingest ledger: {field}"),
+                        labels=["source"],
+                    )  # fmt: skip
+                fam.add_metric([name], n)
+        engine = d.engine_or_none
+        if engine is not None:
+            for reason, n in engine.sample_drops().items():
+                drops.add_metric(["engine", reason], n)
+        yield from (ingested, drops, msgs, connected, *ledger.values())
+        if engine is not None:
+            ec = engine.counters
+            yield CounterMetricFamily("streamcorr_hops", "Windows evaluated", value=ec.hops)
+            yield CounterMetricFamily(
+                "streamcorr_hops_skipped", "Hops superseded because compute was behind", value=ec.hops_skipped
+            )
+            yield CounterMetricFamily("streamcorr_pairs_evaluated", "Pair estimates made", value=ec.pairs_evaluated)
+            yield GaugeMetricFamily("streamcorr_channels", "Channels in the matrix", value=len(engine.channels))
+            lost = CounterMetricFamily(
+                "streamcorr_engine_dropped", "Engine outputs and pairs lost, by kind", labels=["kind"]
+            )
+            shown = {*_ENGINE_SHOWN, *engine.sample_drops()}
+            for field, x in _numbers(ec).items():
+                if field.endswith("_dropped") or field == "pairs_low_coverage":
+                    lost.add_metric([field], x)
+                elif field not in shown and "." not in field:  # any other engine counter, by its own name
+                    yield CounterMetricFamily(f"streamcorr_engine_{field}", f"Engine: {field}", value=x)
+            yield lost
+            stages = CounterMetricFamily("streamcorr_stage_seconds", "Time spent per engine stage", labels=["stage"])
+            for stage, sec in ec.stage_s.items():
+                stages.add_metric([stage], sec)
+            yield stages
+            yield from _compute_metrics(engine.compute, d.cfg.compute.backend)
+            if engine.latest is not None:
+                yield from _pair_metrics(engine.latest, d.cfg)
+        depth = GaugeMetricFamily("streamcorr_queue_depth", "Items waiting in bounded queues", labels=["queue"])
+        for name, n in queue_depths(d).items():
+            depth.add_metric([name], n)
+        yield depth
+        yield from self._outputs()
+        yield GaugeMetricFamily("streamcorr_up", "1 when /healthz answers 200", value=float(health(d)[0] == 200))
+
+    def _outputs(self) -> Iterator[Any]:
+        d = self.d
+        sent = CounterMetricFamily("streamcorr_output_sent", "Messages an output sent", labels=["output", "stream"])
+        dropped = CounterMetricFamily(
+            "streamcorr_output_dropped", "Messages an output dropped (superseded, queue full, closed, unencodable)",
+            labels=["output", "stream"],
+        )  # fmt: skip
+        errors = CounterMetricFamily(
+            "streamcorr_output_errors", "Messages an output raised on (not published)", labels=["output", "stream"]
+        )
+        conn = CounterMetricFamily(
+            "streamcorr_output_connections", "Output connection events (MQTT)", labels=["output", "event"]
+        )
+        alive = GaugeMetricFamily("streamcorr_output_alive", "1 while the output can publish", labels=["output"])
+        for guard in d.outputs:
+            c = guard.sink.counters
+            for stream, n in c.sent.items():
+                sent.add_metric([guard.name, stream], n)
+            for stream, n in c.dropped.items():
+                dropped.add_metric([guard.name, stream], n)
+            for stream, n in guard.errors.items():
+                errors.add_metric([guard.name, stream], n)
+            for event in ("connects", "disconnects", "connect_failures"):
+                conn.add_metric([guard.name, event], getattr(c, event))
+            alive.add_metric([guard.name], float(output_problem(d, guard) is None))
+        yield from (sent, dropped, errors, conn, alive)
+        for guard in d.outputs:  # each output's own ledger (record: files; web: clients), by the output's name
+            for field, v in output_ledger(guard.sink.counters).items():
+                family = GaugeMetricFamily if field in _LEDGER_GAUGES else CounterMetricFamily
+                yield family(f"streamcorr_{guard.name}_{field}", f"outputs.{guard.name}: {field}", value=v)
+        if d.http_guard is not None:
+            g = d.http_guard.counters()
+            yield GaugeMetricFamily("streamcorr_http_connections", "HTTP connections open now", value=g["open"])
+            yield CounterMetricFamily(
+                "streamcorr_http_connections_rejected", "Over http.max_connections", value=g["rejected"]
+            )
+            yield CounterMetricFamily(
+                "streamcorr_http_header_timeouts", "Closed after http.header_timeout_s", value=g["header_timeouts"]
+            )
+
+
+def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
+    """streamcorr_compute_<name> for each counter of the compute backend (streamcorr.compute.COUNTER_HELP)."""
+    for name, value in ev.counters().items():
+        family = GaugeMetricFamily if name in GAUGES else CounterMetricFamily
+        fam = family(f"streamcorr_compute_{name}", COUNTER_HELP.get(name, f"Compute: {name}"), labels=["backend"])
+        fam.add_metric([backend], value)
+        yield fam
+
+
+# engine counters with their own series (or in the drops by reason); others become streamcorr_engine_<name>
+_ENGINE_SHOWN = frozenset({"hops", "hops_skipped", "pairs_evaluated", "last_hop_s"})
+# ingest counters with their own series above; all other numeric ones become streamcorr_source_<name>
+_INGEST_SHOWN = frozenset({"messages", "samples_handed", "queue_full", "dropped", "samples_rejected"})
+_INGEST_HELP = {
+    "samples_decoded": "Samples decoded from messages",
+    "samples_accepted": "Samples the engine accepted",
+    "sink_errors": "Engine calls that raised (their samples handed, not accepted)",
+    "seq_gaps": "Messages missing by the payloads' seq numbers (lost before reaching streamcorr)",
+    "seq_resets": "Times a payload seq went back (a publisher restart)",
+    "connects": "Connections made",
+    "disconnects": "Connections lost",
+    "connect_failures": "Connection attempts that failed",
+}
+
+
+def status_counters(d: Daemon) -> dict[str, float]:
+    """The status message's counters: every ledger entry of /metrics, flat (``mqtt0.seq_gaps``,
+    ``output.mqtt.dropped.snapshot``, ``output.web.events_dropped``, ``http.header_timeouts``, ...)."""
+    out: dict[str, float] = {
+        "uptime_s": round(time.time() - d.started_wall, 3),
+        "publish_lag_s": round(d.publish_lag_s, 4),
+        "healthy": float(health(d)[0] == 200),
+    }
+    engine = d.engine_or_none
+    if engine is not None:
+        ec = engine.counters
+        out.update(channels=len(engine.channels), hops=ec.hops, hops_skipped=ec.hops_skipped,
+                   pairs_evaluated=ec.pairs_evaluated)  # fmt: skip
+        drops = engine.sample_drops()
+        for field, n in _numbers(ec).items():
+            if field not in {*_ENGINE_SHOWN, *drops} and "." not in field:
+                out[f"engine.{field}"] = n
+        out.update({f"engine.dropped.{reason}": n for reason, n in drops.items()})
+        out.update({f"compute.{k}": v for k, v in engine.compute.counters().items()})
+    for name, src in d.sources:
+        c = src.counters
+        for field, n in _numbers(c).items():
+            out[f"{name}.{field.replace('drops.', 'dropped.')}"] = n
+        out[f"{name}.dropped"] = c.dropped + c.queue_full
+        out[f"{name}.connected"] = float(src.connected)
+    for guard in d.outputs:
+        sc = guard.sink.counters
+        for kind, per_stream in (("sent", sc.sent), ("dropped", sc.dropped), ("errors", guard.errors)):
+            out.update({f"output.{guard.name}.{kind}.{stream}": n for stream, n in per_stream.items()})
+        for event in ("connects", "disconnects", "connect_failures"):
+            out[f"output.{guard.name}.{event}"] = getattr(sc, event)
+        out.update({f"output.{guard.name}.{k}": v for k, v in output_ledger(sc).items()})
+    if d.http_guard is not None:
+        out.update({f"http.{k}": v for k, v in d.http_guard.counters().items()})
+    return out
+
+
+def output_problem(d: Daemon, guard: SinkGuard) -> str | None:
+    """Why this output is not publishing now (None: it is)."""
+    if d.forwarder_stopped:
+        return "the forwarder to the outputs stopped"
+    if d.phase == "running" and (why := guard.sink.problem()) is not None:
+        return f"output {guard.name}: {why}"
+    if guard.last_snapshot_failed:
+        return f"output {guard.name} failed to publish the last snapshot"
+    return None
+
+
+def health(d: Daemon) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of /healthz: 200 only when every part does its job; the body names each part."""
+    now = time.time()
+    engine = d.engine_or_none
+    latest = engine.latest if engine is not None else None
+    engine_ok = engine is not None and engine.running
+    body: dict[str, Any] = {
+        "status": "ok",
+        "problems": [],
+        "engine_running": engine_ok,
+        "sources_connected": {n: bool(s.connected) for n, s in d.sources},
+        "outputs_alive": {g.name: output_problem(d, g) is None for g in d.outputs},
+        "last_snapshot_seq": latest.seq if latest else None,
+        "last_snapshot_age_s": round(now - latest.wall_ns / 1e9, 3) if latest else None,
+        "hop_s": d.hop_s,
+        "snapshot_stale_s": d.snapshot_stale_s,
+        "last_input_age_s": None if d.last_input_wall is None else round(now - d.last_input_wall, 3),
+    }
+    if d.phase != "running":
+        body["status"] = d.phase
+        body["problems"] = [d.phase_detail]
+        body["uptime_s"] = round(now - d.started_wall, 1)
+        return 503, body
+    problems: list[str] = body["problems"]
+    if not engine_ok:
+        problems.append("engine not running")
+    problems += [f"source {n} not connected" for n, ok in body["sources_connected"].items() if not ok]
+    problems += [p for g in d.outputs if (p := output_problem(d, g)) is not None]
+    stale = d.snapshot_stale_s
+    flowing = d.last_input_wall is not None and now - d.last_input_wall < stale
+    if flowing and latest is not None and now - latest.wall_ns / 1e9 > stale:
+        problems.append(f"input flowing but no snapshot for {now - latest.wall_ns / 1e9:.0f} s (> {stale:g} s)")
+    elif flowing and latest is None and d.first_input_wall is not None and engine is not None:
+        window_s = engine.cfg.window_len / engine.cfg.rate_hz
+        if now - d.first_input_wall > window_s + stale:
+            problems.append(f"input flowing for {now - d.first_input_wall:.0f} s but no snapshot yet")
+    if problems:
+        body["status"] = "degraded"
+        return 503, body
+    return 200, body

@@ -1,0 +1,129 @@
+"""The engine's settings: one flat object for library users, generated from the YAML schema.
+
+Each field of :class:`EngineConfig` that a config file can set names its key in :data:`ENGINE_KEYS`; its
+default and its bounds are that key's in :mod:`streamcorr.config` (one definition of each), so a library
+user and a daemon user get the same defaults and the same errors. ``EngineConfig.from_config(cfg)`` is the
+one mapping from a validated config to the engine.
+
+>>> EngineConfig().window_len == EngineConfig.from_config(parse_config({"version": 1}, need_sources=False)).window_len
+True
+>>> try:
+...     EngineConfig(window_len=16)
+... except ConfigError as exc:
+...     print(exc)
+window_len (window.samples in a config file): Input should be greater than or equal to 32 (got 16)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from .config import Changes, Channels, Config, EstimatorConfig, Pairs, Screening, Window, parse_config
+from .errors import ConfigError
+from .names import name_problem
+from .scheduler import PairSelection
+
+__all__ = ["ENGINE_KEYS", "EngineConfig", "parse_config"]
+
+# EngineConfig field -> (config section, key): the default and the bounds are the section's
+ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
+    "channels": (Channels, "names"),
+    "rate_hz": (Channels, "rate_hz"),
+    "max_staleness_s": (Channels, "max_staleness_s"),
+    "auto_add_channels": (Channels, "auto_add"),
+    "max_channels": (Channels, "max_channels"),
+    "auto_pairs_per_hop": (Channels, "auto_pairs_per_hop"),
+    "max_future_s": (Channels, "max_future_s"),
+    "max_name_bytes": (Channels, "max_name_bytes"),
+    "window_len": (Window, "samples"),
+    "min_coverage": (Window, "min_coverage"),
+    "skip_stale_hops": (Window, "skip_stale_hops"),
+    "max_pairs_per_hop": (Pairs, "max_per_hop"),
+    "screening": (Screening, "mode"),
+    "max_age_s": (Screening, "max_age_s"),
+    "hop_budget": (Screening, "hop_budget"),
+    "false_alarm_rate": (Changes, "false_alarm_rate"),
+    "min_effect": (Changes, "min_effect"),
+    "persist": (Changes, "persist"),
+    "delta": (Changes, "delta"),
+    "rel_delta": (Changes, "rel_delta"),
+}
+_SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes"}
+
+
+def _default(name: str) -> Any:
+    section, key = ENGINE_KEYS[name]
+    f = section.model_fields[key]
+    return f.get_default(call_default_factory=True)
+
+
+@dataclass
+class EngineConfig:
+    channels: list[str] = field(default_factory=list)  # known up front; others are added on first push
+    rate_hz: float = _default("rate_hz")  # common clock
+    window_len: int = _default("window_len")  # samples of the common clock
+    hop_samples: int = 100  # window advance between evaluations (a config's default: one second)
+    max_staleness_s: float = _default("max_staleness_s")  # sample-and-hold limit; also how long a window waits
+    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + 2 hops, x2 for jitter)
+    pairs: PairSelection = field(default_factory=PairSelection)
+    max_pairs_per_hop: int | None = _default("max_pairs_per_hop")  # None: every selected pair each hop
+    min_coverage: float = _default("min_coverage")  # pairs valid over less of the window are not evaluated
+    false_alarm_rate: float = _default("false_alarm_rate")  # per pair and evaluation, from the estimator's null
+    min_effect: float = _default("min_effect")  # nats: weaker dependence is not reported as "dependent"
+    screening: str = _default("screening")  # "auto": screen when pairs exceed the hop's network budget; on; off
+    max_age_s: float = _default("max_age_s")  # screening: a network estimate per pair at least this often
+    hop_budget: float = _default("hop_budget")  # screening: share of the hop the network may use
+    persist: int = _default("persist")
+    delta: float | None = _default("delta")  # nats a dependent pair must move for rise/fall (None: from the null)
+    rel_delta: float = _default("rel_delta")  # ... and this fraction of its level
+    auto_add_channels: bool = _default("auto_add_channels")
+    max_channels: int = _default("max_channels")  # channels in all, configured ones first; more names refused
+    auto_pairs_per_hop: int = _default("auto_pairs_per_hop")  # pairs with an auto-added channel per hop, at most
+    max_future_s: float | None = _default("max_future_s")  # samples further ahead of the receive clock refused
+    max_name_bytes: int = _default("max_name_bytes")  # the channel-name rule's length bound (streamcorr.names)
+    skip_stale_hops: bool = _default("skip_stale_hops")  # live: jump to the newest window when behind
+    queue_size: int = 64  # per subscriber
+    estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
+
+    def __post_init__(self) -> None:
+        for name, (section, key) in ENGINE_KEYS.items():  # the config key's own validation, named both ways
+            try:
+                section.model_validate({key: getattr(self, name)})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = f"{name} ({_SECTION[section]}.{key} in a config file)"
+                got = getattr(self, name)
+                raise ConfigError(f"{where}: {err['msg']} (got {got!r:.80})") from None
+        if self.hop_samples < 1:
+            raise ConfigError(f"hop_samples must be >= 1; got {self.hop_samples}")
+        if len(set(self.channels)) != len(self.channels):
+            raise ConfigError("channels contains duplicate names")
+        for name in self.channels:
+            if (why := name_problem(name, self.max_name_bytes)) is not None:
+                raise ConfigError(f"channel name {name!r:.80} is not usable ({why}); see streamcorr.names")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EngineConfig:
+        """The engine's settings from a validated config: every key of ENGINE_KEYS, the hop, the pairs and
+        the estimator section."""
+        values = {name: getattr(getattr(cfg, _SECTION[section]), key) for name, (section, key) in ENGINE_KEYS.items()}
+        return cls(**values, hop_samples=cfg.hop_samples(), pairs=pair_selection(cfg.pairs),
+                   estimator=estimator_kwargs(cfg.estimator))  # fmt: skip
+
+
+def pair_selection(p: Pairs) -> PairSelection:
+    """The scheduler's pair selection for the ``pairs`` section (mode all, list or groups)."""
+    if p.mode == "list":
+        return PairSelection(pairs=tuple((a, b) for a, b in p.pairs))
+    if p.mode == "groups":
+        return PairSelection(groups=tuple(p.groups), groups_with=tuple(p.groups_with))
+    return PairSelection()
+
+
+def estimator_kwargs(e: EstimatorConfig) -> dict[str, Any]:
+    """Estimator keyword arguments from the ``estimator`` section (unset optional keys keep the library's)."""
+    return {k: v for k, v in e.model_dump().items() if v is not None or k in ("amp", "compile")}
