@@ -129,13 +129,10 @@ class IotResult:
 def top_pairs(snap: Snapshot, k: int, *, cross_device: bool = False) -> list[tuple[str, str, float]]:
     """The k strongest evaluated pairs of a snapshot, (a, b, MI in nats), strongest first; with cross_device,
     only pairs whose channels belong to different devices."""
-    i, j = np.triu_indices(len(snap.channels), 1)
-    mi = snap.mi[i, j].copy()
-    if cross_device:
-        device = np.array([name.split(".", 1)[0] for name in snap.channels])
-        mi[device[i] == device[j]] = np.nan
-    order = [n for n in np.argsort(-np.nan_to_num(mi, nan=-1.0)) if np.isfinite(mi[n])][:k]
-    return [(snap.channels[i[n]], snap.channels[j[n]], float(mi[n])) for n in order]
+    names = snap.channels
+    device = [name.split(".", 1)[0] for name in names]
+    pairs = [(i, j, mi) for i, j, mi in snap.top_pairs() if not cross_device or device[i] != device[j]]
+    return [(names[i], names[j], mi) for i, j, mi in pairs[:k]]
 
 
 def broker_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:

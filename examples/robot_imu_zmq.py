@@ -135,10 +135,7 @@ class RobotResult:
 
 def top_pairs(snap: Snapshot, k: int) -> list[tuple[str, str, float]]:
     """The k strongest evaluated pairs of a snapshot, (a, b, MI in nats), strongest first."""
-    i, j = np.triu_indices(len(snap.channels), 1)
-    mi = snap.mi[i, j]
-    order = [n for n in np.argsort(-np.nan_to_num(mi, nan=-1.0)) if np.isfinite(mi[n])][:k]
-    return [(snap.channels[i[n]], snap.channels[j[n]], float(mi[n])) for n in order]
+    return [(snap.channels[i], snap.channels[j], mi) for i, j, mi in snap.top_pairs(k)]
 
 
 def daemon_config(in_port: int, out_port: int, last_port: int) -> dict[str, Any]:

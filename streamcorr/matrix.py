@@ -8,10 +8,14 @@ pair's last network estimate, which the scheduler keeps below ``max_age``.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .errors import InputError
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,35 @@ class Snapshot:
     def wall_age_s(self) -> float:
         """Seconds (wall clock) since the publisher made this snapshot."""
         return time.time() - self.wall_ns / 1e9
+
+    def top_pairs(self, k: int | None = None, threshold: float | None = None) -> list[tuple[int, int, float]]:
+        """The strongest pairs, ``(i, j, mi)`` with i < j indexing :attr:`channels`, largest MI first.
+
+        Only finite cells (NaN: never evaluated) with ``mi >= threshold`` count, at most ``k`` of them; ties
+        keep (i, j) order, so the same snapshot always gives the same list. MI is compared in the dtype of
+        :attr:`mi` (a float32 matrix gives float32 values).
+
+        >>> nan = float("nan")
+        >>> snap = Snapshot(1, 0, 0, ("a", "b", "c"), np.array([[nan, 0.2, 0.9], [0.2, nan, nan], [0.9, nan, nan]]),
+        ...                 np.zeros((3, 3)), np.ones((3, 3)))
+        >>> snap.top_pairs()
+        [(0, 2, 0.9), (0, 1, 0.2)]
+        >>> [(snap.channels[i], snap.channels[j]) for i, j, _ in snap.top_pairs(k=1)], snap.top_pairs(threshold=0.5)
+        ([('a', 'c')], [(0, 2, 0.9)])
+        """
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0):
+            raise InputError(f"k must be a non-negative integer or None (all pairs); got {k!r}")
+        if threshold is not None and not (isinstance(threshold, numbers.Real) and math.isfinite(threshold)):
+            raise InputError(f"threshold must be a finite number of nats or None; got {threshold!r}")
+        mi = np.asarray(self.mi)  # no cast: a float32 matrix is ranked and thresholded as float32
+        i, j = np.triu_indices(mi.shape[0], k=1)  # row-major: (i, j) order, which the stable sort keeps for ties
+        values = mi[i, j]
+        keep = np.isfinite(values)
+        if threshold is not None:
+            keep &= values >= threshold
+        i, j, values = i[keep], j[keep], values[keep]
+        order = np.argsort(-values, kind="stable")[:k]
+        return list(zip(i[order].tolist(), j[order].tolist(), values[order].tolist(), strict=True))
 
 
 SOURCE_NONE, SOURCE_NETWORK, SOURCE_SCREEN = 0, 1, 2  # values of Snapshot.source (uint8)

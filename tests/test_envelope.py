@@ -1,7 +1,6 @@
 """The msgpack envelope: round trips, a plain-msgpack reader, pair lists, and clean rejection of bad payloads."""
 
 import contextlib
-import math
 
 import msgpack
 import numpy as np
@@ -21,7 +20,6 @@ from streamcorr.publish.envelope import (
     encode_event,
     encode_snapshot,
     encode_status,
-    select_pairs,
 )
 
 
@@ -91,14 +89,6 @@ def test_plain_msgpack_reader_decodes_a_snapshot_with_numpy_frombuffer():
         assert i < j and value == float(np.float32(snap.mi[i, j]))
 
 
-def naive_pairs(mi: np.ndarray, top_k: int | None, threshold: float | None) -> list[tuple[int, int]]:
-    n = mi.shape[0]
-    cells = [(float(mi[i, j]), i, j) for i in range(n) for j in range(i + 1, n) if math.isfinite(mi[i, j])]
-    cells = [c for c in cells if threshold is None or c[0] >= threshold]
-    cells.sort(key=lambda c: (-c[0], c[1], c[2]))
-    return [(i, j) for _, i, j in cells[:top_k]]
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(0, 12),
@@ -106,13 +96,18 @@ def naive_pairs(mi: np.ndarray, top_k: int | None, threshold: float | None) -> l
     top_k=st.none() | st.integers(1, 80),
     threshold=st.none() | st.floats(-1, 2),
 )
-def test_select_pairs_matches_a_sorted_list_of_cells(n, seed, top_k, threshold):
-    """Pairs are the finite upper-triangle cells above the threshold, largest first, ties by (i, j), at most top_k."""
+def test_pairs_are_the_top_pairs_of_the_float32_matrix(n, seed, top_k, threshold):
+    """The pairs list is Snapshot.top_pairs of the matrix as sent (float32), so each value equals its cell."""
     rng = np.random.default_rng(seed)
-    mi = random_snapshot(rng, n).mi
-    mi[rng.random((n, n)) < 0.3] = 0.25  # ties
-    got = [tuple(p) for p in select_pairs(mi, top_k=top_k, threshold=threshold).tolist()]
-    assert got == naive_pairs(mi, top_k, threshold)
+    snap = random_snapshot(rng, n)
+    snap.mi[rng.random((n, n)) < 0.3] = 0.25  # ties
+    raw = msgpack.unpackb(encode_snapshot(snap, top_k=top_k, threshold=threshold), raw=False)
+    if top_k is None and threshold is None:
+        assert "pairs" not in raw
+        return
+    mi32 = np.frombuffer(raw["mi"]["data"], dtype="<f4").reshape(n, n)
+    expected = Snapshot(1, 0, 0, snap.channels, mi32, snap.age_s, snap.coverage).top_pairs(top_k, threshold)
+    assert [tuple(p) for p in raw["pairs"]] == expected
 
 
 def test_pairs_only_omits_matrices_and_decodes_to_a_sparse_mi():

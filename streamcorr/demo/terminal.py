@@ -158,15 +158,13 @@ def _legend() -> Text:
 def _blind_line(snapshot: Snapshot, pearson: np.ndarray | None, blind: np.ndarray, limit: int = 4) -> Text | None:
     if pearson is None or not blind.any():
         return None
-    ii, jj = np.nonzero(np.triu(blind, 1))
-    order = np.argsort(-snapshot.mi[ii, jj])[:limit]
+    picked = [(i, j, mi) for i, j, mi in snapshot.top_pairs() if blind[i, j]]
     t = Text("Pearson-blind: ", style="bold")
-    for n, k in enumerate(order):
-        i, j = int(ii[k]), int(jj[k])
-        names = snapshot.channels
-        t.append(f"{'; ' if n else ''}{names[i]} ~ {names[j]} MI {snapshot.mi[i, j]:.2f} r {pearson[i, j]:+.2f}")
-    if len(ii) > limit:
-        t.append(f"; +{len(ii) - limit} more")
+    names = snapshot.channels
+    for n, (i, j, mi) in enumerate(picked[:limit]):
+        t.append(f"{'; ' if n else ''}{names[i]} ~ {names[j]} MI {mi:.2f} r {pearson[i, j]:+.2f}")
+    if len(picked) > limit:
+        t.append(f"; +{len(picked) - limit} more")
     return t
 
 
@@ -254,13 +252,10 @@ def render(
 def compact_line(snapshot: Snapshot, stats: Mapping[str, Any] | None = None, top: int = 3) -> str:
     """One line per snapshot for logs and pipes: sequence, stream time, strongest pairs, rates, drops."""
     stats = stats or {}
-    mi = np.where(np.isfinite(snapshot.mi), snapshot.mi, -1.0)
-    ii, jj = np.triu_indices(len(snapshot.channels), 1)
-    order = np.argsort(-mi[ii, jj], kind="stable")[:top]
     names = snapshot.channels
-    strongest = ", ".join(
-        f"{names[ii[k]]}~{names[jj[k]]} {mi[ii[k], jj[k]]:.2f}" for k in order if mi[ii[k], jj[k]] >= 0
-    )
+    # threshold 0: a slightly negative estimate is noise around independence, not a strong pair
+    strongest = ", ".join(f"{names[i]}~{names[j]} {mi:.2f}" for i, j, mi in snapshot.top_pairs(top, threshold=0.0))
+    ii, jj = np.triu_indices(len(names), 1)
     n_nan = int(np.isnan(snapshot.mi[ii, jj]).sum())
     line = f"seq={snapshot.seq} t={snapshot.t_ns / 1e9:.1f}s top: {strongest or '-'}"
     if n_nan:

@@ -70,7 +70,7 @@ import math
 import numbers
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import msgpack
@@ -95,7 +95,6 @@ __all__ = [
     "encode_event",
     "encode_snapshot",
     "encode_status",
-    "select_pairs",
     "topic",
 ]
 
@@ -173,25 +172,6 @@ def check_pair_selection(top_k: int | None, threshold: float | None) -> None:
         raise ConfigError(f"threshold must be a finite number of nats or None; got {threshold!r}")
 
 
-def select_pairs(mi: np.ndarray, *, top_k: int | None = None, threshold: float | None = None) -> np.ndarray:
-    """Upper-triangle cells (i < j) with finite MI >= threshold, largest first, at most top_k: (P, 2) ints.
-
-    >>> select_pairs(np.array([[0, 0.2, 0.9], [0.2, 0, 0.4], [0.9, 0.4, 0]]), top_k=2).tolist()
-    [[0, 2], [1, 2]]
-    """
-    check_pair_selection(top_k, threshold)
-    i, j = np.triu_indices(mi.shape[0], k=1)
-    values = mi[i, j]
-    keep = np.isfinite(values)
-    if threshold is not None:
-        keep &= values >= threshold
-    i, j, values = i[keep], j[keep], values[keep]
-    order = np.lexsort((j, i, -values))  # largest MI first; ties by (i, j) so the order is deterministic
-    if top_k is not None:
-        order = order[:top_k]
-    return np.stack([i[order], j[order]], axis=1)
-
-
 def check_snapshot(snap: Snapshot) -> int:
     """Raise InputError unless the snapshot can be encoded; returns its channel count N."""
     n = len(snap.channels)
@@ -264,9 +244,9 @@ def encode_snapshot(
             data = np.ascontiguousarray(snap.source, dtype=np.uint8).tobytes()
             msg["source"] = {"dtype": _SOURCE_DTYPE, "shape": [n, n], "data": data}
     if top_k is not None or threshold is not None:
-        # the float32 value, so that a pair and its matrix cell are the same number
-        picked = select_pairs(mi32, top_k=top_k, threshold=threshold).tolist()
-        msg["pairs"] = [[i, j, float(mi32[i, j])] for i, j in picked]
+        # ranked in float32, so that a pair and its matrix cell are the same number
+        picked = replace(snap, mi=mi32).top_pairs(top_k, threshold)
+        msg["pairs"] = [[i, j, value] for i, j, value in picked]
     return msgpack.packb(msg, use_bin_type=True)
 
 
