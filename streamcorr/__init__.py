@@ -5,8 +5,9 @@ Importing the package is cheap: torch and numba load on first use of the API.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_getattr
 from .errors import ConfigError, InputError, ModelLoadError, StreamcorrError
 
 __version__ = "0.1.0"
@@ -51,9 +52,4 @@ if TYPE_CHECKING:
     from .publish.subscriber import Subscriber
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'streamcorr' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, __package__, _LAZY)

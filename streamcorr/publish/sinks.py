@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .._lazy import lazy_getattr
 from ..changes import ChangeEvent
 from ..errors import StreamcorrError
 from ..logutil import RateLimitedLog
@@ -40,16 +41,8 @@ __all__ = ["MqttPublisher", "Publisher", "Sink", "SinkCounters", "ZmqPublisher",
 
 log = logging.getLogger("streamcorr.publish")
 
-_LAZY = {"ZmqPublisher": "zmq_sink", "MqttPublisher": "mqtt_sink"}
-
-
-def __getattr__(name: str) -> Any:
-    # the transports import this module, so they are re-exported lazily rather than imported at the top
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the transports import this module, so they are re-exported lazily rather than imported at the top
+__getattr__ = lazy_getattr(__name__, __package__, {"ZmqPublisher": "zmq_sink", "MqttPublisher": "mqtt_sink"})
 
 
 class Publisher(Protocol):
