@@ -31,7 +31,7 @@ from .common import environment, rss_mb, write_results
 def _state_mb(eng: Engine) -> float:
     """Bytes held by the engine's per-channel state (ring buffers, sliding ranks) and matrices, in MB."""
     total = 0
-    for ch in eng._channels.values():
+    for ch in eng.intake.channels.values():
         total += ch.buffer._t.nbytes + ch.buffer._v.nbytes + ch.ranks._vals.nbytes + ch.ranks._ids.nbytes
     st = eng.state
     total += st.mi.nbytes + st.coverage.nbytes + st.refreshed_ns.nbytes

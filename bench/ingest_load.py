@@ -234,7 +234,7 @@ async def _drive(
     if first is None or last is None or last[0] <= first[0]:
         first = last = (0.0, 0, 0, 0.0, 0.0)
     span = last[0] - first[0] or float("nan")
-    bufs = [ch.buffer.counters for ch in eng._channels.values()]
+    bufs = [ch.buffer.counters for ch in eng.intake.channels.values()]
     engine_rejects = {
         "late": sum(b.late for b in bufs),
         "duplicate": sum(b.duplicate for b in bufs),

@@ -36,53 +36,26 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .buffers import ChannelCounters, Resampler, RingBuffer
+from .buffers import ChannelCounters
 from .cache import cache_dir
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
 from .compute import LocalEvaluator, PairEvaluator
 from .copula import SlidingRanks
-from .errors import InputError
 from .estimator import Estimator
+from .intake import Channel, EngineCounters, Intake
 from .logutil import RateLimitedLog
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
-from .names import name_problem
 from .scheduler import Scheduler
 from .screen import Screener
 from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.engine")
 
-__all__ = ["Engine", "EngineConfig"]
-
-
-@dataclass
-class EngineCounters:
-    hops: int = 0
-    hops_skipped: int = 0  # hops superseded because compute was still busy
-    pairs_evaluated: int = 0
-    pairs_low_coverage: int = 0
-    pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
-    screen_passed: int = 0  # pairs that passed the screen
-    max_age_overdue: int = 0  # pairs due for their max_age network estimate that did not fit the hop's budget
-    unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
-    bad_name: int = 0  # samples for a name that breaks the channel-name rule
-    channel_limit: int = 0  # samples for new names refused because max_channels exist
-    future: int = 0  # samples for a new name, all stamped beyond max_future_s (known channels count their own)
-    bad_sample: int = 0  # non-numeric or mismatched input to push
-    snapshots_dropped: int = 0
-    events_dropped: int = 0
-    last_hop_s: float = 0.0  # wall time of the newest hop's evaluation
-    stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per stage of evaluate()
-
-    def add_time(self, stage: str, t0: float) -> float:
-        now = time.perf_counter()
-        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + now - t0
-        return now
+__all__ = ["Engine", "EngineConfig", "EngineCounters"]
 
 
 _STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
@@ -127,14 +100,6 @@ class _StoppableEstimator(Estimator):
         return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
 
 
-class _Channel:
-    def __init__(self, name: str, capacity: int, window_len: int) -> None:
-        self.name = name
-        self.buffer = RingBuffer(capacity)
-        self.ranks = SlidingRanks(1, window_len)  # placeholder: Engine._ranks starts one with the estimator's ties
-        self.ranks_end_tick: int | None = None  # window end tick the sliding state is at
-
-
 class Engine:
     """Live MI matrix over pushed channels.
 
@@ -161,11 +126,11 @@ class Engine:
         # the hop's network pairs go here (streamcorr.compute); its creator starts and closes one passed in
         self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est)
         self._log = RateLimitedLog(log)
-        self.resampler = Resampler(config.rate_hz, config.max_staleness_s)
-        self.capacity = config.buffer_len or 2 * (config.window_len + 2 * config.hop_samples)
-        self._channels: dict[str, _Channel] = {}
         self.state = MatrixState([])
         self.counters = EngineCounters()
+        self._wake = asyncio.Event()
+        self.intake = Intake(config, self.counters, on_due=self._wake.set)  # buffers, admission, stream clock
+        self.resampler = self.intake.resampler
         self.calibration = cached_calibration(
             self.est.fingerprint, self.est.estimate_batch, config.window_len, config.false_alarm_rate, config.min_effect
         )
@@ -183,12 +148,7 @@ class Engine:
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
         self._scheduler = Scheduler(self._pairs, 1)
-        for name in config.channels:
-            self._add_channel(name)
         self._sync_channels()
-        self._stream_ns: int | None = None
-        self._next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
-        self._wake = asyncio.Event()
         self._busy = False
         self._hop_running = threading.Event()  # set while a worker thread is inside evaluate()
         self._task: asyncio.Task[None] | None = None
@@ -204,30 +164,31 @@ class Engine:
         return list(self.state.channels)
 
     def sample_drops(self) -> dict[str, int]:
-        """Samples refused so far, by reason, over all channels. (Samples that aged out of a full ring buffer
-        after use are not drops: see ``channel_counters()[name].overwritten``.)"""
-        per_channel = ("late", "duplicate", "nonfinite", "future")
-        c = self.counters
-        out = {"bad_sample": c.bad_sample, "unknown_channel": c.unknown_channel}
-        out |= {"bad_name": c.bad_name, "channel_limit": c.channel_limit}
-        for reason in per_channel:
-            out[reason] = sum(getattr(cc, reason) for cc in self.channel_counters().values())
-        out["future"] += c.future
-        return out
+        """Samples refused so far, by reason, over all channels (Intake.sample_drops)."""
+        return self.intake.sample_drops()
 
     def channel_counters(self) -> dict[str, ChannelCounters]:
         """Per-channel sample counters (accepted, late, duplicate, nonfinite, future, overwritten), by name."""
-        return {name: ch.buffer.counters for name, ch in list(self._channels.items())}
+        return self.intake.channel_counters()
 
-    def _add_channel(self, name: str) -> None:
-        # Only the buffer is created here (on the event loop); the matrix, pairs and scheduler grow in
-        # _sync_channels, called by the evaluating thread, so they never change under an evaluation.
-        self._channels[name] = _Channel(name, self.capacity, self.cfg.window_len)
+    def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples (t in seconds) to one channel; returns how many were accepted."""
+        return self.intake.push(channel, t, values)
+
+    def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
+        """Append samples of several channels taken together at time(s) t (seconds); returns how many were
+        accepted. t is a scalar with one value per channel, or (n,) with n values per channel."""
+        return self.intake.push_frame(t, frame)
+
+    def due_windows(self) -> Iterator[int]:
+        """End ticks (ns) of the windows now due, oldest first, each given out once: a caller that drives
+        ``evaluate`` itself (replay, without the event loop) evaluates each. Do not mix with ``start``."""
+        return self.intake.due_windows()
 
     def _sync_channels(self) -> None:
         # channels are only ever added, so the new ones are the tail of the (insertion-ordered) dict
         known = len(self.state.channels)
-        new = list(self._channels)[known:]
+        new = list(self.intake.channels)[known:]
         if not new:
             return
         self.state.add_channels(new)  # one regrowth of the matrices for all of them
@@ -255,104 +216,8 @@ class Engine:
         rest = order[~prot][: max(0, min(self.cfg.auto_pairs_per_hop, budget - len(first)))]
         return np.concatenate([first, rest]) if len(rest) else first
 
-    def _refused(self, name: str, n: int) -> bool:
-        """For a name with no channel yet: whether it may not have one (its n samples then counted by reason)."""
-        cnt = self.counters
-        if not self.cfg.auto_add_channels:
-            cnt.unknown_channel += n  # samples, so every sample is accounted for
-            return True
-        if len(self._channels) >= self.cfg.max_channels:  # checked first: the cheapest, and what a flood meets
-            cnt.channel_limit += n
-            self._log(logging.WARNING, "channel_limit", "refused new channel %.80r: max_channels (%d) exist",
-                      name, self.cfg.max_channels)  # fmt: skip
-            return True
-        if (why := name_problem(name, self.cfg.max_name_bytes)) is not None:
-            cnt.bad_name += n
-            self._log(logging.WARNING, "bad_name", "refused samples for channel %.80r: %s", name, why)
-            return True
-        return False
-
-    def _channel(self, name: str, n: int) -> _Channel | None:
-        """The channel's state, created on first use when allowed; None (n samples counted by reason) if not."""
-        ch = self._channels.get(name)
-        if ch is not None:
-            return ch
-        if self._refused(name, n):
-            return None
-        self._log(logging.INFO, "new_channel", "new channel %.80r", name)
-        self._add_channel(name)
-        return self._channels[name]
-
-    # -- ingest -------------------------------------------------------------------------------------
-    def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
-        """Append samples (t in seconds) to one channel; returns how many were accepted."""
-        if channel not in self._channels and self._refused(channel, int(np.size(values)) or 1):
-            return 0  # before any conversion: a flood of refused names costs little
-        t_ns = self._times_ns(t)
-        if t_ns is None:
-            self.counters.bad_sample += int(np.size(values)) or 1
-            return 0
-        return self._push_ns(channel, t_ns, values)
-
-    def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
-        """Append samples of several channels taken together at time(s) t (seconds); returns how many were accepted.
-
-        t is a scalar with one value per channel, or (n,) with n values per channel (a chunk of frames).
-        """
-        t_ns = self._times_ns(t)
-        if t_ns is None:
-            self.counters.bad_sample += sum(int(np.size(v)) or 1 for v in frame.values())
-            return 0
-        return sum(self._push_ns(name, t_ns, value) for name, value in frame.items())
-
-    def _times_ns(self, t: float | np.ndarray) -> np.ndarray | None:
-        try:
-            t_ns = np.round(np.atleast_1d(np.asarray(t, dtype=np.float64)) * 1e9)
-        except (TypeError, ValueError) as exc:
-            log.debug("bad timestamps: %s", exc)
-            return None
-        if t_ns.ndim != 1 or not np.isfinite(t_ns).all() or np.abs(t_ns).max(initial=0) > 9e18:
-            return None
-        return t_ns.astype(np.int64)
-
-    def _push_ns(self, channel: str, t_ns: np.ndarray, values: float | np.ndarray) -> int:
-        try:
-            vals = np.atleast_1d(np.asarray(values, dtype=np.float64))
-            if t_ns.shape != vals.shape:
-                raise InputError(f"t and values must have the same 1-D shape; got {t_ns.shape} and {vals.shape}")
-        except (TypeError, ValueError) as exc:
-            self.counters.bad_sample += int(np.size(values)) or 1
-            log.debug("bad sample for %r: %s", channel, exc)
-            return 0
-        now_ns = time.time_ns()  # the receive clock
-        max_t_ns = None if self.cfg.max_future_s is None else now_ns + round(self.cfg.max_future_s * 1e9)
-        if max_t_ns is not None and channel not in self._channels and (t_ns > max_t_ns).all():
-            self.counters.future += len(t_ns)  # a new name whose samples are all refused takes no channel slot
-            return 0
-        ch = self._channel(channel, len(t_ns))
-        if ch is None:
-            return 0
-        accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
-        if accepted:
-            newest = int(ch.buffer.last_t_ns or 0)
-            if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
-                newest = min(newest, now_ns)
-            self._advance(newest, int(t_ns[0]))
-        return accepted
-
-    def _advance(self, t_ns: int, t_first_ns: int) -> None:
-        """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window."""
-        if self._stream_ns is None or t_ns > self._stream_ns:
-            self._stream_ns = t_ns
-        period = self.resampler.period_ns
-        if self._next_end_tick is None:  # first window ends one full window after the first sample
-            first = (min(t_first_ns, t_ns) // period) * period
-            self._next_end_tick = first + (self.cfg.window_len - 1) * period
-        if self._stream_ns >= self._next_end_tick + self.resampler.max_staleness_ns:
-            self._wake.set()
-
     # -- evaluation (worker thread) -----------------------------------------------------------------
-    def _ranks(self, ch: _Channel, values: np.ndarray, end_tick: int) -> np.ndarray | None:
+    def _ranks(self, ch: Channel, values: np.ndarray, end_tick: int) -> np.ndarray | None:
         """Copula values of a fully valid window, incrementally when the previous window was contiguous."""
         period, n = self.resampler.period_ns, self.cfg.window_len
         if not np.isfinite(values).all():
@@ -372,7 +237,7 @@ class Engine:
         t0 = time.perf_counter()
         cnt = self.counters
         self._sync_channels()
-        chans = [self._channels[name] for name in self.state.channels]
+        chans = [self.intake.channels[name] for name in self.state.channels]
         window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)
         self._last_window = (tuple(self.state.channels), window)
@@ -488,32 +353,12 @@ class Engine:
         else:
             self._stopping.clear()
 
-    def _due_end_tick(self) -> int | None:
-        if self._next_end_tick is None or self._stream_ns is None:
-            return None
-        period = self.resampler.period_ns
-        hop_ns = self.cfg.hop_samples * period
-        ready = self._stream_ns - self.resampler.max_staleness_ns
-        if ready < self._next_end_tick:
-            return None
-        behind = (ready - self._next_end_tick) // hop_ns if self.cfg.skip_stale_hops else 0
-        self.counters.hops_skipped += int(behind)
-        end = self._next_end_tick + behind * hop_ns
-        self._next_end_tick = end + hop_ns
-        return int(end)
-
-    def due_windows(self) -> Iterator[int]:
-        """End ticks (ns) of the windows now due, oldest first, each given out once: a caller that drives
-        ``evaluate`` itself (replay, without the event loop) evaluates each. Do not mix with ``start``."""
-        while (end := self._due_end_tick()) is not None:
-            yield end
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while (end := self._due_end_tick()) is not None:
+            while (end := self.intake.due_end_tick()) is not None:
                 self._busy = True
                 t0 = time.perf_counter()
                 try:
@@ -541,13 +386,8 @@ class Engine:
 
     async def flush(self, poll_s: float = 0.002) -> None:
         """Wait until every window that is due has been evaluated and published (replay, tests)."""
-        while self._busy or self._wake.is_set() or self._has_due():
+        while self._busy or self._wake.is_set() or self.intake.has_due():
             await asyncio.sleep(poll_s)
-
-    def _has_due(self) -> bool:
-        if self._next_end_tick is None or self._stream_ns is None:
-            return False
-        return self._stream_ns - self.resampler.max_staleness_ns >= self._next_end_tick
 
     def _offer(self, q: asyncio.Queue[Any], item: Any, counter: str) -> None:
         if q.full():

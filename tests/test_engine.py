@@ -99,7 +99,7 @@ def test_bad_input_is_counted_not_fatal():
         return eng, snaps
 
     eng, snaps = asyncio.run(run())
-    bufs = {name: c.buffer.counters for name, c in eng._channels.items()}
+    bufs = {name: c.buffer.counters for name, c in eng.intake.channels.items()}
     assert bufs["x"].nonfinite >= 6 + 12
     assert bufs["y"].duplicate == 12 and bufs["y"].late == 12
     assert eng.counters.bad_sample == 600
