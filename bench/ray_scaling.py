@@ -30,7 +30,8 @@ import numba
 import numpy as np
 import torch
 
-from streamcorr.compute import LocalEvaluator, RayEvaluator
+from streamcorr.compute import LocalEvaluator
+from streamcorr.compute_ray import RayEvaluator
 from streamcorr.config import Compute
 from streamcorr.copula import rank_transform
 from streamcorr.estimator import Estimator

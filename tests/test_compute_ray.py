@@ -33,7 +33,7 @@ except ImportError:
     )
 
 from streamcorr.cli import main
-from streamcorr.compute import RayEvaluator
+from streamcorr.compute_ray import RayEvaluator
 from streamcorr.config import Compute
 from streamcorr.copula import rank_transform
 from streamcorr.engine import Engine, EngineConfig

@@ -152,7 +152,9 @@ def test_a_future_sample_neither_freezes_hops_nor_silences_its_channel():
                 await eng.flush()
             hops = eng.counters.hops
             assert eng.push("d", time.time() + 1.0, 0.0) == 1  # a little ahead: accepted, within the bound...
-            assert eng.intake.stream_ns is not None and eng.intake.stream_ns <= time.time_ns()  # ...but stream time is capped
+            assert (
+                eng.intake.stream_ns is not None and eng.intake.stream_ns <= time.time_ns()
+            )  # ...but stream time is capped
             return before, hops
 
     before, after = asyncio.run(main())
