@@ -284,11 +284,7 @@ class Estimator:
         out = np.full((c, c), np.nan)
         if np.isfinite(d).all():
             self._check_length(d.shape[1])
-            u = rank_transform(d, self.ties)
-            marg = marginal_histograms(u, self.grid)
-            mi = self.estimate_histograms(pair_histograms(u, u, self.grid, i, j), marg[i], marg[j])
-            constant = d.min(axis=1) == d.max(axis=1)
-            mi[constant[i] | constant[j]] = 0.0
+            mi = self.estimate_ranks(rank_transform(d, self.ties), i, j, d.min(axis=1) == d.max(axis=1))
         else:
             mi = self.estimate_batch(d[i], d[j])
         out[i, j] = out[j, i] = mi
