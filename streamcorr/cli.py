@@ -315,7 +315,7 @@ def _run(args: argparse.Namespace) -> int:
     from .logutil import setup_logging
 
     cfg = load_config(args.config)
-    setup_logging(cfg.logging.level, cfg.logging.format, cfg.logging.max_repeats_per_10s)
+    setup_logging(cfg.logging)
     daemon = Daemon(cfg)
     asyncio.run(daemon.run())
     if daemon.setup_abandoned:  # stopped during a first-start calibration: its thread (torch) cannot be cut short,

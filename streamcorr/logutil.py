@@ -6,8 +6,12 @@ import json
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
-__all__ = ["RateLimitedLog", "RepeatLimitFilter", "broker_hint"]
+if TYPE_CHECKING:
+    from .config import Logging
+
+__all__ = ["RateLimitedLog", "RepeatLimitFilter", "broker_hint", "setup_logging"]
 
 
 class RateLimitedLog:
@@ -111,14 +115,13 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
-def setup_logging(level: str = "INFO", fmt: str = "json", max_repeats_per_10s: int = 20) -> None:
-    """Log lines on stderr, JSON or text; any one message template at most ``max_repeats_per_10s`` times per
-    10 s (the rest counted in the next line), so no flood of errors can fill a disk."""
+def setup_logging(settings: Logging) -> None:
+    """Log lines on stderr, JSON or text (the config's ``logging`` section); any one message template at most
+    ``max_repeats_per_10s`` times per 10 s (the rest counted in the next line), so no flood fills a disk."""
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        _JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    handler.addFilter(RepeatLimitFilter(max_repeats_per_10s))
+    text = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler.setFormatter(_JsonFormatter() if settings.format == "json" else text)
+    handler.addFilter(RepeatLimitFilter(settings.max_repeats_per_10s))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(settings.level)
