@@ -21,8 +21,9 @@ from aiohttp import web
 from scipy.stats import norm
 
 from streamcorr.changes import ChangeEvent
-from streamcorr.errors import ConfigError
+from streamcorr.errors import ConfigError, InputError
 from streamcorr.matrix import Snapshot
+from streamcorr.publish.sinks import Sink
 from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
 
 CHROMIUM = "/usr/bin/chromium"
@@ -53,13 +54,14 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
 async def _receive_json(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
     while True:
         msg = await asyncio.wait_for(ws.receive_json(), 5)
-        if msg["type"] == kind:
+        if msg["kind"] == kind:
             return msg
 
 
 # -- HTTP and WebSocket -------------------------------------------------------------------------------------
-def test_ws_pushes_snapshot_and_event_json() -> None:
-    """A connected client receives a snapshot (NaN and inf as null) and an event, as JSON text frames."""
+def test_ws_pushes_snapshot_event_and_status_json() -> None:
+    """A connected client receives a snapshot (NaN and inf as null), an event and a status line, as JSON text
+    frames in the envelope's words (kind, change, state, counters); each frame is counted per stream."""
     rng = np.random.default_rng(1)
     mi = _random_mi(rng, 3)
 
@@ -68,20 +70,26 @@ def test_ws_pushes_snapshot_and_event_json() -> None:
             assert view.url.startswith("http://127.0.0.1:")
             async with http.ws_connect(view.url + "/ws") as ws:
                 await asyncio.sleep(0.05)  # let the server register the client
-                view.publish_snapshot(_snapshot(7, ["a", "b", "c"], mi))
+                await view.publish_snapshot(_snapshot(7, ["a", "b", "c"], mi))
                 snap = await _receive_json(ws, "snapshot")
                 assert snap["seq"] == 7 and snap["t_ns"] == 7_000_000_000 and snap["channels"] == ["a", "b", "c"]
                 assert snap["mi"][0][0] is None and snap["age_s"][1][1] is None and snap["coverage"][2][2] is None
                 np.testing.assert_allclose(snap["mi"][0][1], mi[0, 1], atol=1e-4)
                 assert snap["age_s"][0][1] == 0.5 and snap["coverage"][0][1] == 1.0
-                view.publish_event(ChangeEvent(("a", "b"), 0.01, 0.8, 123, "became-dependent"))
+                await view.publish_event(ChangeEvent(("a", "b"), 0.01, 0.8, 123, "became-dependent"))
                 ev = await _receive_json(ws, "event")
-                assert ev == {"type": "event", "pair": ["a", "b"], "previous": 0.01, "current": 0.8,
-                              "kind": "became-dependent", "t_ns": 123}  # fmt: skip
-                view.publish_stats({"hops_per_s": 2.5, "snapshots_dropped": 0})
-                stats = await _receive_json(ws, "stats")
-                assert stats == {"type": "stats", "hops_per_s": 2.5, "snapshots_dropped": 0}
-            assert view.counters.messages_sent >= 3
+                assert ev == {"kind": "event", "pair": ["a", "b"], "previous": 0.01, "current": 0.8,
+                              "change": "became-dependent", "t_ns": 123}  # fmt: skip
+                await view.publish_status("online", {"hops": 3, "channels": 3, "healthy": 1, "src.samples_handed": 9,
+                                                     "src.dropped": 2, "engine.dropped.late": 1})  # fmt: skip
+                status = await _receive_json(ws, "status")
+                assert status == {"kind": "status", "state": "online", "counters": {
+                    "channels": 3, "hops": 3, "healthy": "yes", "samples_dropped": 3, "messages_lost": 0,
+                    "output_errors": 0}}  # fmt: skip
+                await asyncio.sleep(0.05)
+                assert view.queue_depth == 0
+            assert view.counters.sent == {"snapshot": 1, "pairs": 0, "event": 1, "status": 1}
+            assert view.counters_dict()["messages_sent"] == 3 == view.counters.extra["messages_sent"]
 
     _run(main)
 
@@ -103,7 +111,7 @@ def test_api_pair_returns_history_and_table() -> None:
                 mi = _random_mi(rng, 3)
                 mi[0, 2] = mi[2, 0] = np.nan if seq == 5 else mi[0, 2]
                 values.append(mi[0, 1])
-                view.publish_snapshot(_snapshot(seq, ["x", "y", "z"], mi))
+                await view.publish_snapshot(_snapshot(seq, ["x", "y", "z"], mi))
             async with http.get(view.url + "/api/pair", params={"a": "x", "b": "y"}) as r:
                 assert r.status == 200
                 body = await r.json()
@@ -130,7 +138,7 @@ def test_api_pair_reports_bad_requests_and_table_failures() -> None:
 
     async def main() -> None:
         async with WebView(port=0, table_fn=table_fn) as view, aiohttp.ClientSession() as http:
-            view.publish_snapshot(_snapshot(1, ["a", "b", "c"], _random_mi(rng, 3)))
+            await view.publish_snapshot(_snapshot(1, ["a", "b", "c"], _random_mi(rng, 3)))
             url = view.url + "/api/pair"
             async with http.get(url, params={"a": "a"}) as r:
                 assert r.status == 400 and "a=NAME&b=NAME" in (await r.json())["error"]
@@ -143,7 +151,7 @@ def test_api_pair_reports_bad_requests_and_table_failures() -> None:
             async with http.get(url, params={"a": "b", "b": "c"}) as r:
                 body = await r.json()
                 assert r.status == 200 and "(3, 4)" in body["table_error"]
-            assert view.counters.bad_requests == 2 and view.counters.table_errors == 2
+            assert view.counters_dict()["bad_requests"] == 2 and view.counters_dict()["table_errors"] == 2
 
     _run(main)
 
@@ -156,17 +164,20 @@ def test_slow_client_gets_only_newest_snapshot() -> None:
         async with WebView(port=0) as view, aiohttp.ClientSession() as http:
             async with http.ws_connect(view.url + "/ws") as ws:
                 await asyncio.sleep(0.05)
-                for seq in range(1, 11):  # no await in between: the sender never gets to run
-                    view.publish_snapshot(_snapshot(seq, ["a", "b"], _random_mi(rng, 2)))
+                for seq in range(1, 11):  # publish_* never yield: the sender does not run in between
+                    await view.publish_snapshot(_snapshot(seq, ["a", "b"], _random_mi(rng, 2)))
                 for k in range(EVENT_QUEUE_LEN + 5):
-                    view.publish_event(ChangeEvent(("a", "b"), 0.0, float(k), k, "rise"))
+                    await view.publish_event(ChangeEvent(("a", "b"), 0.0, float(k), k, "rise"))
+                assert view.queue_depth == EVENT_QUEUE_LEN + 1
                 first = await asyncio.wait_for(ws.receive_json(), 5)
-                assert first["type"] == "event" and first["t_ns"] == 5  # the oldest five were dropped
+                assert first["kind"] == "event" and first["t_ns"] == 5  # the oldest five were dropped
                 for _ in range(EVENT_QUEUE_LEN - 1):
-                    assert (await asyncio.wait_for(ws.receive_json(), 5))["type"] == "event"
+                    assert (await asyncio.wait_for(ws.receive_json(), 5))["kind"] == "event"
                 snap = await _receive_json(ws, "snapshot")
                 assert snap["seq"] == 10
-            assert view.counters.snapshots_dropped == 9 and view.counters.events_dropped == 5
+            ledger = view.counters_dict()
+            assert ledger["snapshots_dropped"] == 9 and ledger["events_dropped"] == 5
+            assert view.counters.dropped == {"snapshot": 9, "pairs": 0, "event": 5, "status": 0}
 
     _run(main)
 
@@ -177,15 +188,15 @@ def test_late_client_gets_latest_state_and_recent_events() -> None:
 
     async def main() -> None:
         async with WebView(port=0) as view, aiohttp.ClientSession() as http:
-            view.publish_snapshot(_snapshot(1, ["a", "b"], _random_mi(rng, 2)))
-            view.publish_snapshot(_snapshot(2, ["a", "b"], _random_mi(rng, 2)))
-            view.publish_event(ChangeEvent(("a", "b"), 0.0, 0.5, 1, "became-dependent"))
-            view.publish_stats({"rate": 1.0})
+            await view.publish_snapshot(_snapshot(1, ["a", "b"], _random_mi(rng, 2)))
+            await view.publish_snapshot(_snapshot(2, ["a", "b"], _random_mi(rng, 2)))
+            await view.publish_event(ChangeEvent(("a", "b"), 0.0, 0.5, 1, "became-dependent"))
+            await view.publish_status("online", {"hops": 1})
             async with http.ws_connect(view.url + "/ws") as ws:
                 kinds = [(await asyncio.wait_for(ws.receive_json(), 5)) for _ in range(3)]
-            assert [m["type"] for m in kinds] == ["event", "snapshot", "stats"]
+            assert [m["kind"] for m in kinds] == ["event", "snapshot", "status"]
             assert kinds[1]["seq"] == 2
-            assert view.counters.snapshots_dropped == 0  # nothing is encoded or queued while nobody listens
+            assert view.counters_dict()["snapshots_dropped"] == 0  # nothing is encoded or queued while nobody listens
 
     _run(main)
 
@@ -201,24 +212,26 @@ def test_clients_over_limit_are_rejected_and_counted() -> None:
                 with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
                     await http.ws_connect(view.url + "/ws")
                 assert exc.value.status == 503
-            assert view.counters.clients_rejected == 1
+            assert view.counters_dict()["clients_rejected"] == 1
             await asyncio.sleep(0.05)
-            assert view.counters.clients == 0
+            assert view.counters_dict()["clients"] == 0
 
     _run(main)
 
 
-def test_bad_stats_and_config_are_reported_not_crashed() -> None:
-    """Unserialisable or NaN stats are dropped with a warning, a "type" key cannot reroute them; bad constructor
-    values raise ConfigError."""
+def test_bad_status_and_config_are_refused_and_counted() -> None:
+    """A status line JSON cannot carry (NaN, an object) raises InputError and counts a dropped status; a
+    "kind" key in it cannot reroute the message; bad constructor values raise ConfigError."""
     np.random.default_rng(7)
-    view = WebView(port=0)
-    view.publish_stats({"x": object()})
-    view.publish_stats({"x": float("nan")})
-    assert view._latest_stats_text is None
-    view.publish_stats({"type": "event", "hops": 3})
-    assert json.loads(view._latest_stats_text or "{}") == {"type": "stats", "hops": 3}
-    for kw in ({"port": -1}, {"history_len": 0}, {"max_clients": 0}, {"table_fn": 3}):
+    view = WebView(port=0, status_line=dict)  # the counters as they are: the page shows each one
+    for bad in ({"x": object()}, {"x": float("nan")}):
+        with pytest.raises(InputError):
+            _run(lambda bad=bad: view.publish_status("online", bad))
+    assert view._latest_status_text is None and view.counters.dropped["status"] == 2
+    _run(lambda: view.publish_status("online", {"kind": "event", "hops": 3}))
+    msg = {"kind": "status", "state": "online", "counters": {"kind": "event", "hops": 3}}
+    assert json.loads(view._latest_status_text or "{}") == msg
+    for kw in ({"port": -1}, {"history_len": 0}, {"max_clients": 0}, {"table_fn": 3}, {"status_line": 3}):
         with pytest.raises(ConfigError):
             WebView(**kw)  # type: ignore[arg-type]
 
@@ -255,10 +268,50 @@ def test_attach_mounts_on_existing_app_and_page_is_offline() -> None:
                     assert "https://" not in text and "http://" not in text
                 async with http.ws_connect(base + "/ws") as ws:
                     await asyncio.sleep(0.05)
-                    assert view.counters.clients == 1
+                    assert view.counters_dict()["clients"] == 1
                     await runner.cleanup()  # the app's shutdown closes the view's clients
                     msg = await asyncio.wait_for(ws.receive(), 5)
                     assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        finally:
+            await runner.cleanup()
+
+    _run(main)
+
+
+def test_attached_view_is_a_sink_started_and_stopped_by_its_owner() -> None:
+    """As a Sink on someone else's app: start() binds nothing (no url) and makes problem() None; stop() closes
+    the clients, turns later ones away (503, counted) and problem() says why; the ledger's names are unchanged."""
+    np.random.default_rng(11)
+
+    async def main() -> None:
+        app = web.Application()
+        view = WebView()
+        view.attach(app)
+        assert isinstance(view, Sink) and view.problem() == "web view not started"
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ws_url = f"http://127.0.0.1:{runner.addresses[0][1]}/ws"
+        try:
+            await view.start()
+            assert view.problem() is None and view.queue_depth == 0
+            with pytest.raises(RuntimeError):
+                _ = view.url  # attached: the application's listener, not one of the view's own
+            async with aiohttp.ClientSession() as http, http.ws_connect(ws_url) as ws:
+                await asyncio.sleep(0.05)
+                await view.stop()
+                msg = await asyncio.wait_for(ws.receive(), 5)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+                with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
+                    await http.ws_connect(ws_url)
+                assert exc.value.status == 503
+            assert view.problem() == "web view stopped"
+            assert list(view.counters_dict()) == [
+                "clients", "clients_total", "clients_rejected", "clients_timed_out", "messages_sent",
+                "snapshots_dropped", "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy",
+            ]  # fmt: skip
+            assert view.counters_dict()["clients_rejected"] == 1 and view.counters.extra == view.counters_dict()
         finally:
             await runner.cleanup()
 
@@ -278,9 +331,9 @@ class _ViewThread:
     def run(self, coro: Awaitable[T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)  # type: ignore[arg-type]
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         async def wrapper() -> None:
-            fn(*args)
+            await fn(*args)
 
         self.run(wrapper())
 
@@ -394,7 +447,7 @@ def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
             view.publish_event, ChangeEvent(("arm.j1.gyro", "arm.j2.gyro"), 1.3, 0.02, ev_t, "became-independent")
         )
         served.call(view.publish_event, ChangeEvent(("gripper.force", "arm.j3.torque"), 0.6, 0.95, ev_t, "rise"))
-        page.wait_for_selector("#events li[data-kind='rise']", timeout=5000)
+        page.wait_for_selector("#events li[data-change='rise']", timeout=5000)
         items = page.locator("#events li")
         assert items.count() == 2
         assert "gripper.force × arm.j3.torque" in items.nth(0).inner_text()  # newest first
@@ -423,9 +476,9 @@ def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
                                               (("arm.j1.gyro", "arm.j2.gyro"), 0.02, 1.3, 6)]:  # fmt: skip
             ev = ChangeEvent(pair, previous, current, ev_t + dt_s * 1_000_000_000, "became-dependent")
             served.call(view.publish_event, ev)
-        served.call(view.publish_stats, {"hops_per_s": 1.0, "pairs_per_s": 66.0, "snapshots_dropped": 0, "clients": 1})
+        served.call(view.publish_status, "online", {"channels": 12, "hops": seq, "pairs_evaluated": 66 * seq})
         page.wait_for_selector(f"#heatmap[data-seq='{seq}']", timeout=5000)
-        page.wait_for_selector("#stats span[data-key='pairs_per_s']", timeout=5000)
+        page.wait_for_selector("#stats[data-state='online'] span[data-key='pairs_evaluated']", timeout=5000)
         assert page.locator("#events li").count() == 4  # replayed on reconnect (2) plus the two new ones
         page.mouse.move(0, 0)  # the detail stays on the last hovered pair
         shot = SCREENSHOT if os.environ.get("STREAMCORR_SCREENSHOT") == "1" else tmp_path / "web_view.png"

@@ -1,14 +1,17 @@
-"""The live web view: one HTML page, a WebSocket of snapshots, events and stats, and a pair-detail API.
+"""The live web view, a :class:`~streamcorr.publish.sinks.Sink`: one HTML page, a WebSocket of snapshots,
+events and status, and a pair-detail API.
 
-Routes (mounted by :meth:`WebView.attach` on any aiohttp application):
+Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served by :meth:`WebView.start`):
 
 - ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
-- ``GET /ws``            JSON text messages, one per frame: ``{"type": "snapshot" | "event" | "stats", ...}``
+- ``GET /ws``            JSON text messages, one per frame, in the envelope's words (:mod:`.envelope`):
+  ``kind`` is ``"snapshot"``, ``"event"`` (its ``change``: rise, fall, ...) or ``"status"`` (``state`` and
+  ``counters``, the page's status line: :func:`web_summary` of the counters published)
 - ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
 
-Every client has its own bounded outbox: the newest snapshot and the newest stats replace unsent ones
+Every client has its own bounded outbox: the newest snapshot and the newest status replace unsent ones
 (a slow client skips frames, it never falls behind), events queue up to ``EVENT_QUEUE_LEN`` with the
-oldest dropped. Every drop is counted in :attr:`WebView.counters`.
+oldest dropped. Every drop is counted in :attr:`WebView.counters` (per stream, and in its ``extra`` ledger).
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +30,14 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from ..changes import ChangeEvent
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
+from .sinks import SinkCounters
 
 log = logging.getLogger("streamcorr.publish.web")
 
-__all__ = ["WebView", "WebViewCounters"]
+__all__ = ["WebView", "web_summary"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 EVENT_QUEUE_LEN = 256  # per client: events are rare, so a full queue means the client is stuck
@@ -43,23 +46,29 @@ SEND_TIMEOUT_S = 10.0  # a client that cannot take one frame in this long is dis
 MAX_TABLE_REQUESTS = 4  # table_fn calls running or waiting; more get 503 (each costs tens of ms of model time)
 
 TableFn = Callable[[str, str], np.ndarray | None]
+StatusLine = Callable[[Mapping[str, float | int]], Mapping[str, float | int | str]]
+
+# The view's own ledger, kept in SinkCounters.extra; counters_dict() returns it (the daemon's /metrics names).
+# clients: connected now; rejected: over max_clients, or after stop(); timed_out: stuck SEND_TIMEOUT_S on one frame;
+# snapshots/stats (status) dropped: replaced before sent; events dropped: oldest, from a full outbox; /api/pair:
+# bad_requests (missing or unknown names), table_errors (table_fn raised, or not (G, G)), table_busy (answered 503).
+LEDGER = ("clients", "clients_total", "clients_rejected", "clients_timed_out", "messages_sent", "snapshots_dropped",
+          "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy")  # fmt: skip
+_DROP_LEDGER = {"snapshot": "snapshots_dropped", "status": "stats_dropped", "event": "events_dropped"}
 
 
-@dataclass
-class WebViewCounters:
-    """What the view did and dropped, for /metrics and the status line."""
-
-    clients: int = 0  # connected now
-    clients_total: int = 0
-    clients_rejected: int = 0  # over max_clients
-    clients_timed_out: int = 0  # dropped after SEND_TIMEOUT_S on one frame
-    messages_sent: int = 0
-    snapshots_dropped: int = 0  # replaced by a newer one before it was sent
-    stats_dropped: int = 0
-    events_dropped: int = 0  # outbox full: oldest dropped
-    bad_requests: int = 0  # /api/pair with missing or unknown names
-    table_errors: int = 0  # table_fn raised or returned something that is not a (G, G) array
-    table_busy: int = 0  # /api/pair answered 503: too many table computations at once
+def web_summary(counters: Mapping[str, float | int]) -> dict[str, float | int | str]:
+    """The web page's status line: the headline numbers and the losses summed (/metrics has each one)."""
+    headline = ("channels", "hops", "hops_skipped", "pairs_evaluated", "publish_lag_s")
+    out: dict[str, float | int | str] = {k: counters[k] for k in headline if k in counters}
+    out["healthy"] = "yes" if counters.get("healthy") else "no"
+    sources = {k.split(".", 1)[0] for k in counters if k.endswith(".samples_handed")}
+    out["samples_dropped"] = sum(counters.get(f"{s}.dropped", 0) for s in sources) + sum(
+        v for k, v in counters.items() if k.startswith("engine.dropped.")
+    )
+    out["messages_lost"] = sum(counters.get(f"{s}.seq_gaps", 0) for s in sources)
+    out["output_errors"] = sum(v for k, v in counters.items() if k.startswith("output.") and ".errors." in k)
+    return out
 
 
 def _finite_list(a: np.ndarray, decimals: int) -> list[Any]:
@@ -76,7 +85,7 @@ def _finite_list(a: np.ndarray, decimals: int) -> list[Any]:
 def snapshot_message(snap: Snapshot) -> dict[str, Any]:
     """The WebSocket form of a snapshot: MI in nats (4 decimals), None for NaN (and for never-refreshed ages)."""
     return {
-        "type": "snapshot",
+        "kind": "snapshot",
         "seq": snap.seq,
         "t_ns": snap.t_ns,
         "wall_ns": snap.wall_ns,
@@ -90,19 +99,9 @@ def snapshot_message(snap: Snapshot) -> dict[str, Any]:
 
 
 def event_message(ev: ChangeEvent) -> dict[str, Any]:
-    """The WebSocket form of a change event."""
-
-    def num(x: float) -> float | None:
-        return round(float(x), 4) if math.isfinite(x) else None
-
-    return {
-        "type": "event",
-        "pair": list(ev.pair),
-        "previous": num(ev.previous),
-        "current": num(ev.current),
-        "kind": ev.kind,
-        "t_ns": ev.t_ns,
-    }
+    """The WebSocket form of a change event: MI in nats (4 decimals), None where not finite."""
+    previous, current = (round(float(x), 4) if math.isfinite(x) else None for x in (ev.previous, ev.current))
+    return dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns)
 
 
 def _dumps(msg: dict[str, Any]) -> str:
@@ -110,42 +109,37 @@ def _dumps(msg: dict[str, Any]) -> str:
 
 
 class _Outbox:
-    """One client's bounded outbox: latest-only slots for snapshot and stats, a short FIFO for events."""
+    """One client's bounded outbox: latest-only slots for snapshot and status, a short FIFO for events."""
 
-    def __init__(self, counters: WebViewCounters) -> None:
+    def __init__(self, counters: SinkCounters) -> None:
         self.counters = counters
-        self.snapshot: str | None = None
-        self.stats: str | None = None
+        self.latest: dict[str, str] = {}  # "snapshot", "status": the newest one not sent yet
         self.events: collections.deque[str] = collections.deque()
         self.ready = asyncio.Event()
 
-    def put_snapshot(self, text: str) -> None:
-        if self.snapshot is not None:
-            self.counters.snapshots_dropped += 1
-        self.snapshot = text
-        self.ready.set()
+    def _drop(self, stream: str) -> None:
+        self.counters.dropped[stream] += 1
+        self.counters.extra[_DROP_LEDGER[stream]] += 1
 
-    def put_stats(self, text: str) -> None:
-        if self.stats is not None:
-            self.counters.stats_dropped += 1
-        self.stats = text
+    def put_latest(self, stream: str, text: str) -> None:
+        if stream in self.latest:
+            self._drop(stream)
+        self.latest[stream] = text
         self.ready.set()
 
     def put_event(self, text: str) -> None:
         if len(self.events) >= EVENT_QUEUE_LEN:
             self.events.popleft()
-            self.counters.events_dropped += 1
+            self._drop("event")
         self.events.append(text)
         self.ready.set()
 
-    def take(self) -> list[str]:
-        """Everything pending, events first (they explain the snapshot that follows them)."""
-        out = list(self.events)
+    def take(self) -> list[tuple[str, str]]:
+        """Everything pending as (stream, text), events first (they explain the snapshot that follows them)."""
+        out = [("event", text) for text in self.events]
+        out += [(stream, self.latest[stream]) for stream in ("snapshot", "status") if stream in self.latest]
         self.events.clear()
-        for text in (self.snapshot, self.stats):
-            if text is not None:
-                out.append(text)
-        self.snapshot = self.stats = None
+        self.latest.clear()
         self.ready.clear()
         return out
 
@@ -154,48 +148,47 @@ class _History:
     """The last ``maxlen`` snapshots' MI matrices (float32), so any cell's history can be read back."""
 
     def __init__(self, maxlen: int) -> None:
-        self.entries: collections.deque[tuple[int, tuple[str, ...], np.ndarray]] = collections.deque(maxlen=maxlen)
-        self._index: dict[tuple[str, ...], dict[str, int]] = {}
+        # (t_ns, channel name -> row, MI): consecutive snapshots with the same channels share one index
+        self.entries: collections.deque[tuple[int, dict[str, int], np.ndarray]] = collections.deque(maxlen=maxlen)
+        self._channels: tuple[str, ...] | None = None
+        self._index: dict[str, int] = {}
 
     def add(self, snap: Snapshot) -> None:
-        self.entries.append((snap.t_ns, snap.channels, np.asarray(snap.mi, dtype=np.float32)))
-        if snap.channels not in self._index:
-            live = {chans for _, chans, _ in self.entries}
-            self._index = {k: v for k, v in self._index.items() if k in live}  # forget channel sets aged out
-            self._index[snap.channels] = {name: k for k, name in enumerate(snap.channels)}
+        if snap.channels != self._channels:
+            self._channels, self._index = snap.channels, {name: k for k, name in enumerate(snap.channels)}
+        self.entries.append((snap.t_ns, self._index, np.asarray(snap.mi, dtype=np.float32)))
 
     def pair(self, a: str, b: str) -> tuple[list[int], list[float | None]]:
         times: list[int] = []
         values: list[float | None] = []
-        for t_ns, chans, mi in self.entries:
-            index = self._index[chans]
+        for t_ns, index, mi in self.entries:
             i, j = index.get(a), index.get(b)
-            if i is None or j is None:
-                continue
-            v = float(mi[i, j])
-            times.append(t_ns)
-            values.append(round(v, 4) if math.isfinite(v) else None)
+            if i is not None and j is not None:
+                v = float(mi[i, j])
+                times.append(t_ns)
+                values.append(round(v, 4) if math.isfinite(v) else None)
         return times, values
 
     def known(self, name: str) -> bool:
-        return bool(self.entries) and name in self._index[self.entries[-1][1]]
+        return bool(self.entries) and name in self.entries[-1][1]
 
 
 class WebView:
-    """A live browser view of the MI matrix, served by aiohttp.
+    """A live browser view of the MI matrix, served by aiohttp; a :class:`~streamcorr.publish.sinks.Sink`.
 
     Run it standalone (``async with WebView(port=0) as view: ...``, then open ``view.url``) or mount it on
-    the daemon's application with :meth:`attach`. ``publish_*`` are non-blocking and must be called from
-    the event loop that serves the view.
+    the daemon's application with :meth:`attach` before :meth:`start`. ``publish_*`` never wait for a client
+    and must be called from the event loop that serves the view. ``status_line`` turns the counters of
+    ``publish_status`` into the page's status line (by default :func:`web_summary`, for the daemon's counters).
 
     >>> import asyncio
     >>> async def main():
     ...     async with WebView(port=0) as view:
-    ...         view.publish_snapshot(Snapshot(1, 0, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]),
-    ...                                        np.zeros((2, 2)), np.ones((2, 2))))
-    ...         return view.url.startswith("http://127.0.0.1:"), view.pair_history("a", "b")
+    ...         await view.publish_snapshot(Snapshot(1, 0, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]),
+    ...                                              np.zeros((2, 2)), np.ones((2, 2))))
+    ...         return view.url.startswith("http://127.0.0.1:"), view.pair_history("a", "b"), view.problem()
     >>> asyncio.run(main())
-    (True, ([0], [0.5]))
+    (True, ([0], [0.5]), None)
     """
 
     def __init__(
@@ -207,6 +200,7 @@ class WebView:
         table_fn: TableFn | None = None,
         max_clients: int = 16,
         header_timeout_s: float = 10.0,
+        status_line: StatusLine = web_summary,
     ) -> None:
         if not 0 <= port <= 65535:
             raise ConfigError(f"port must be in 0..65535 (0 picks a free one); got {port}")
@@ -214,22 +208,26 @@ class WebView:
             raise ConfigError(f"history_len must be >= 1 snapshot; got {history_len}")
         if max_clients < 1:
             raise ConfigError(f"max_clients must be >= 1; got {max_clients}")
-        if table_fn is not None and not callable(table_fn):
-            raise ConfigError(f"table_fn must be callable (a, b) -> (G, G) array or None; got {table_fn!r}")
+        for name, fn in (("table_fn", table_fn), ("status_line", status_line)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name} must be a function (see WebView's parameters); got {fn!r}")
         self.host = host
         self.port = port
         self.history_len = history_len
         self.table_fn = table_fn
         self.max_clients = max_clients
         self.header_timeout_s = header_timeout_s  # standalone server: time to send a request's headers
-        self.counters = WebViewCounters()
+        self.status_line = status_line
+        self.counters = SinkCounters(extra=dict.fromkeys(LEDGER, 0))
         self._history = _History(history_len)
         self._outboxes: dict[web.WebSocketResponse, _Outbox] = {}
         self._latest_snapshot: Snapshot | None = None
         self._latest_snapshot_text: str | None = None  # encoded lazily: no clients, no encoding
-        self._latest_stats_text: str | None = None
+        self._latest_status_text: str | None = None
         self._recent_events: collections.deque[str] = collections.deque(maxlen=RECENT_EVENTS)
         self._table_requests = 0
+        self._attached = False  # mounted on someone else's application: start() binds nothing
+        self._state = "not started"  # "serving", then "stopped"
         self._runner: web.AppRunner | None = None
         self._guard: Any = None  # HttpGuard of the standalone server
         self._warn = RateLimitedLog(log)
@@ -242,8 +240,8 @@ class WebView:
             raise RuntimeError("WebView is not serving standalone: call start() (or use it with `async with`)")
         return self._url
 
-    # -- publishing (event loop) ----------------------------------------------------------------------
-    def publish_snapshot(self, snap: Snapshot) -> None:
+    # -- the Sink protocol: publishing (event loop) ---------------------------------------------------
+    async def publish_snapshot(self, snap: Snapshot) -> None:
         """Record the snapshot in the history and hand it to every client (replacing any unsent one)."""
         self._history.add(snap)
         self._latest_snapshot = snap
@@ -251,25 +249,38 @@ class WebView:
         if self._outboxes:
             text = self._snapshot_text()
             for box in self._outboxes.values():
-                box.put_snapshot(text)
+                box.put_latest("snapshot", text)
 
-    def publish_event(self, ev: ChangeEvent) -> None:
+    async def publish_event(self, ev: ChangeEvent) -> None:
         """Hand a change event to every client; also kept among the recent events replayed on connect."""
         text = _dumps(event_message(ev))
         self._recent_events.append(text)
         for box in self._outboxes.values():
             box.put_event(text)
 
-    def publish_stats(self, stats: dict[str, Any]) -> None:
-        """Hand a flat dict of numbers and strings (rates, drops, ...) to every client's status line."""
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
+        """Hand ``status_line(counters)`` to every client; one JSON cannot carry (NaN) is counted, InputError."""
         try:
-            text = _dumps({**stats, "type": "stats"})  # a "type" key in stats must not reroute the message
-        except (TypeError, ValueError) as exc:  # not JSON-serialisable, or NaN: a caller bug, never a crash
-            self._warn.warning("stats", "stats not published: %s", exc)
-            return
-        self._latest_stats_text = text
+            text = _dumps({"kind": "status", "state": state, "counters": dict(self.status_line(counters))})
+        except (TypeError, ValueError) as exc:
+            self.counters.dropped["status"] += 1
+            raise InputError(f"web view: status line not published: {exc}") from exc
+        self._latest_status_text = text
         for box in self._outboxes.values():
-            box.put_stats(text)
+            box.put_latest("status", text)
+
+    def problem(self) -> str | None:
+        """Why the view cannot publish now ("web view not started" / "web view stopped"); None while serving."""
+        return None if self._state == "serving" else f"web view {self._state}"
+
+    @property
+    def queue_depth(self) -> int:
+        """Messages waiting in the clients' outboxes."""
+        return sum(len(box.events) + len(box.latest) for box in self._outboxes.values())
+
+    def counters_dict(self) -> dict[str, int]:
+        """The view's own ledger (``counters.extra``) as a plain dict, for /metrics."""
+        return {name: int(self.counters.extra[name]) for name in LEDGER}
 
     def pair_history(self, a: str, b: str) -> tuple[list[int], list[float | None]]:
         """(t_ns, MI nats or None) of the pair over the snapshots kept, oldest first."""
@@ -283,7 +294,11 @@ class WebView:
 
     # -- serving ----------------------------------------------------------------------------------------
     def attach(self, app: web.Application) -> None:
-        """Mount ``/``, ``/ws``, ``/api/pair`` and ``/static/`` on ``app``; clients are closed on its shutdown."""
+        """Serve the routes on ``app`` (closing clients on its shutdown) instead of start()'s own listener."""
+        self._attached = True
+        self._mount(app)
+
+    def _mount(self, app: web.Application) -> None:
         app.router.add_get("/", self._index)
         app.router.add_get("/ws", self._ws)
         app.router.add_get("/api/pair", self._pair)
@@ -291,14 +306,17 @@ class WebView:
         app.on_shutdown.append(self._close_clients)
 
     async def start(self) -> None:
-        """Serve on ``host:port`` (``port=0``: a free port); the bound address is in :attr:`url`."""
+        """Serve on ``host:port`` (0: a free port; see :attr:`url`); when attached, the application serves it."""
         if self._runner is not None:
             raise RuntimeError("WebView already started")
+        if self._attached:
+            self._state = "serving"
+            return
         from ..http_guard import HttpGuard  # the daemon's bounds: connections, and time to send headers
 
         self._guard = HttpGuard(max_connections=4 * self.max_clients + 16, header_timeout_s=self.header_timeout_s)
         app = web.Application(middlewares=[self._guard.middleware])
-        self.attach(app)
+        self._mount(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:
@@ -307,16 +325,19 @@ class WebView:
             await runner.cleanup()
             raise ConfigError(f"cannot listen on {self.host}:{self.port}: {exc} (pick another port, or 0)") from exc
         self._runner = runner
+        self._state = "serving"
         host = f"[{self.host}]" if ":" in self.host else self.host
         self._url = f"http://{host}:{self.port}"
         log.info("web view on %s", self._url)
 
     async def stop(self) -> None:
-        """Close every client and the listener."""
+        """Close every client, and the listener when standalone; attached, later clients are turned away."""
+        self._state = "stopped" if self._state == "serving" else self._state
         if self._runner is not None:
             await self._runner.cleanup()  # runs on_shutdown -> _close_clients
             self._runner = None
             self._url = None
+        await self._close_clients()
         if self._guard is not None:
             await self._guard.close()
             self._guard = None
@@ -337,26 +358,26 @@ class WebView:
         return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def _ws(self, request: web.Request) -> web.StreamResponse:
-        if len(self._outboxes) >= self.max_clients:
-            self.counters.clients_rejected += 1
-            self._warn.warning(
-                "clients", "web view: client %s rejected, %d connected", request.remote, self.max_clients
-            )
-            return web.json_response({"error": f"too many clients (max_clients={self.max_clients})"}, status=503)
+        ledger, stopped = self.counters.extra, self._state == "stopped"
+        if stopped or len(self._outboxes) >= self.max_clients:
+            ledger["clients_rejected"] += 1
+            why = "web view stopped" if stopped else f"too many clients (max_clients={self.max_clients})"
+            self._warn.warning("clients", "web view: client %s rejected: %s", request.remote, why)
+            return web.json_response({"error": why}, status=503)
         # Clients only listen: a small frame limit keeps a misbehaving one from costing memory. No deflate:
         # it would compress every snapshot once per client on the engine's CPU.
         ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, compress=False)
         await ws.prepare(request)
         box = _Outbox(self.counters)
         if self._latest_snapshot is not None:
-            box.put_snapshot(self._snapshot_text())
+            box.put_latest("snapshot", self._snapshot_text())
         for text in self._recent_events:
             box.put_event(text)
-        if self._latest_stats_text is not None:
-            box.put_stats(self._latest_stats_text)
+        if self._latest_status_text is not None:
+            box.put_latest("status", self._latest_status_text)
         self._outboxes[ws] = box
-        self.counters.clients = len(self._outboxes)
-        self.counters.clients_total += 1
+        ledger["clients"] = len(self._outboxes)
+        ledger["clients_total"] += 1
         sender = asyncio.create_task(self._send_loop(ws, box))
         try:
             async for msg in ws:  # reading keeps pings and close frames flowing; client text is ignored
@@ -367,38 +388,39 @@ class WebView:
             with contextlib.suppress(asyncio.CancelledError):
                 await sender
             self._outboxes.pop(ws, None)
-            self.counters.clients = len(self._outboxes)
+            ledger["clients"] = len(self._outboxes)
         return ws
 
     async def _send_loop(self, ws: web.WebSocketResponse, box: _Outbox) -> None:
         while not ws.closed:
             await box.ready.wait()
-            for text in box.take():
+            for stream, text in box.take():
                 try:
                     await asyncio.wait_for(ws.send_str(text), SEND_TIMEOUT_S)
                 except TimeoutError:
-                    self.counters.clients_timed_out += 1
+                    self.counters.extra["clients_timed_out"] += 1
                     self._warn.warning("timeout", "web view: client stuck for %.0f s, closing", SEND_TIMEOUT_S)
                     await ws.close(code=1008, message=b"too slow")
                     return
                 except (ConnectionError, RuntimeError):  # closed under us: the reader's finally cleans up
                     return
-                self.counters.messages_sent += 1
+                self.counters.sent[stream] += 1
+                self.counters.extra["messages_sent"] += 1
 
     async def _pair(self, request: web.Request) -> web.Response:
         a, b = request.query.get("a"), request.query.get("b")
         if not a or not b:
-            self.counters.bad_requests += 1
+            self.counters.extra["bad_requests"] += 1
             return web.json_response({"error": "give both channel names: /api/pair?a=NAME&b=NAME"}, status=400)
         unknown = [name for name in (a, b) if not self._history.known(name)]
         if unknown:
-            self.counters.bad_requests += 1
+            self.counters.extra["bad_requests"] += 1
             return web.json_response({"error": f"unknown channel(s) {unknown} in the latest snapshot"}, status=404)
         times, values = self._history.pair(a, b)
         body: dict[str, Any] = {"a": a, "b": b, "history": {"t_ns": times, "mi": values}, "table": None}
         if self.table_fn is not None:
             if self._table_requests >= MAX_TABLE_REQUESTS:
-                self.counters.table_busy += 1
+                self.counters.extra["table_busy"] += 1
                 return web.json_response({**body, "error": "table computations busy; retry"}, status=503)
             self._table_requests += 1
             try:
@@ -412,18 +434,14 @@ class WebView:
         try:
             table = await asyncio.get_running_loop().run_in_executor(None, self.table_fn, a, b)
         except Exception as exc:  # the model's problem must not take the page down; report it to the page
-            self.counters.table_errors += 1
+            self.counters.extra["table_errors"] += 1
             self._warn.warning("table", "table_fn(%r, %r) failed: %r", a, b, exc)
             return {"table_error": f"table_fn failed: {exc!r}"}
         if table is None:
             return {}
         arr = np.asarray(table, dtype=np.float64)
         if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 2:
-            self.counters.table_errors += 1
+            self.counters.extra["table_errors"] += 1
             self._warn.warning("table_shape", "table_fn(%r, %r) returned shape %s, not (G, G)", a, b, arr.shape)
             return {"table_error": f"table_fn returned shape {arr.shape}; expected (G, G)"}
         return {"table": _finite_list(arr, 4), "grid": arr.shape[0]}
-
-    def counters_dict(self) -> dict[str, int]:
-        """The counters as a plain dict (for /metrics or a stats message)."""
-        return asdict(self.counters)

@@ -259,21 +259,21 @@
   // -- events and status ---------------------------------------------------------------------------
   function addEvent(ev) {
     const li = document.createElement("li");
-    li.dataset.kind = ev.kind; li.dataset.pair = ev.pair.join("|");
+    li.dataset.change = ev.change; li.dataset.pair = ev.pair.join("|");
     const when = document.createElement("span"); when.className = "when"; when.textContent = fmtTime(ev.t_ns);
-    const kind = document.createElement("span"); kind.className = "kind"; kind.textContent = ev.kind;
+    const change = document.createElement("span"); change.className = "change"; change.textContent = ev.change;
     const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`);
-    li.append(when, kind, what);
+    li.append(when, change, what);
     const list = $("events");
     list.prepend(li);
     while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
   }
 
-  function showStats(msg) {
+  function showStatus(msg) { // the publisher's state and its status-line counters
     const box = $("stats");
     box.replaceChildren();
-    for (const [k, v] of Object.entries(msg)) {
-      if (k === "type") continue;
+    box.dataset.state = msg.state;
+    for (const [k, v] of Object.entries(msg.counters)) {
       const span = document.createElement("span");
       span.dataset.key = k;
       const shown = typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(3) : String(v);
@@ -304,13 +304,13 @@
     ws.onmessage = (m) => {
       let msg;
       try { msg = JSON.parse(m.data); } catch { return; }
-      if (msg.type === "snapshot") {
+      if (msg.kind === "snapshot") {
         st.snap = msg;
         $("seq").textContent = `seq ${msg.seq}`;
         $("nch").textContent = `${msg.channels.length} channels`;
         tickAge(); updateDetail(); queueRender();
-      } else if (msg.type === "event") addEvent(msg);
-      else if (msg.type === "stats") showStats(msg);
+      } else if (msg.kind === "event") addEvent(msg);
+      else if (msg.kind === "status") showStatus(msg);
     };
     ws.onclose = () => {
       const wait = st.retryMs * (0.75 + 0.5 * Math.random()); // jitter: many tabs do not reconnect in step
