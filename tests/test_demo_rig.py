@@ -179,3 +179,45 @@ def test_live_demo_runs_end_to_end_off_a_terminal():
     assert out.count("script: t=") == 3
     with pytest.raises(ConfigError):
         asyncio.run(run_live_demo(speed=0.0))
+
+
+def test_live_demo_feeds_the_web_view_and_the_record_through_one_fan_out(monkeypatch):
+    """With a web port the demo's one forward() feeds the web view every snapshot the terminal prints, the
+    events the record gets, and a status line of the terminal's rates and drops; the view is stopped at the end."""
+    np.random.default_rng(0)  # the rig is seeded by run_live_demo's seed argument
+    from streamcorr.publish import web as web_module
+
+    views: list[web_module.WebView] = []
+
+    class RecordingView(web_module.WebView):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.snapshots, self.events, self.statuses = [], [], []
+            views.append(self)
+
+        async def publish_snapshot(self, snap):
+            self.snapshots.append(snap.seq)
+            await super().publish_snapshot(snap)
+
+        async def publish_event(self, ev):
+            self.events.append(ev)
+            await super().publish_event(ev)
+
+        async def publish_status(self, state, counters):
+            self.statuses.append((state, dict(counters)))
+            await super().publish_status(state, counters)
+
+    monkeypatch.setattr(web_module, "WebView", RecordingView)
+    buf, record = io.StringIO(), []
+    demo = run_live_demo(
+        seed=1, speed=50.0, duration_s=16.0, script_scale=0.1, console=Console(file=buf, width=200),
+        web_port=0, record=record,
+    )  # fmt: skip
+    assert asyncio.run(demo) == 0
+    out = buf.getvalue()
+    (view,) = views
+    assert "live web view: http://127.0.0.1:" in out
+    assert view.snapshots and out.count("seq=") == len(view.snapshots)  # the terminal prints each snapshot once
+    assert view.events == record
+    assert view.statuses and {k for _, c in view.statuses for k in c} == {"pairs_per_s", "samples_per_s", "dropped"}
+    assert view.problem() == "web view stopped"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
     from ..changes import ChangeEvent, EventKind
     from ..engine import Engine, EngineConfig
+    from ..matrix import Snapshot
+    from ..publish.sinks import Publisher
 
 __all__ = [
     "CHANNELS",
@@ -235,6 +237,26 @@ class _PearsonWindow:
         return out
 
 
+class _TerminalOutput:
+    """The terminal view, and the caller's event record, as a Publisher that :func:`forward` feeds."""
+
+    def __init__(
+        self, view: TerminalView, stats: Callable[[], Mapping[str, Any]], record: list[ChangeEvent] | None
+    ) -> None:
+        self.view, self.stats, self.record = view, stats, record
+
+    async def publish_snapshot(self, snap: Snapshot) -> None:
+        self.view.update(snapshot=snap, stats=self.stats())  # rates and the Pearson matrix as of this snapshot
+
+    async def publish_event(self, ev: ChangeEvent) -> None:
+        self.view.update(event=ev)
+        if self.record is not None:
+            self.record.append(ev)
+
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
+        pass  # the terminal's stats line comes with each snapshot (stats())
+
+
 async def run_live_demo(
     *,
     seed: int = 0,
@@ -257,6 +279,7 @@ async def run_live_demo(
     """
     from ..engine import Engine
     from ..estimator import default_estimator
+    from ..publish.sinks import forward
 
     if not speed > 0:
         raise ConfigError(f"speed must be > 0 (1 = real time); got {speed}")
@@ -297,49 +320,38 @@ async def run_live_demo(
             target = started + sent / (rig.rate_hz * speed)
             await asyncio.sleep(max(0.0, target - time.monotonic()))
 
+    def web_status() -> dict[str, int]:  # the page's status line: the terminal's rates and drops
+        return {
+            "pairs_per_s": round(pair_rate.update(engine.counters.pairs_evaluated)),
+            "samples_per_s": round(sample_rate.update(sent * len(rig.channels))),
+            "dropped": sum(_drops(engine).values()),
+        }
+
+    outputs: list[Publisher] = []
     web = None
     if web_port is not None:
         from ..publish.web import WebView
 
-        web = WebView(host=web_host, port=web_port, table_fn=engine.pair_table)
+        web = WebView(host=web_host, port=web_port, table_fn=engine.pair_table, status_line=dict)
         await web.start()
         view.console.print(f"live web view: {web.url}", style="bold", highlight=False)
-
-    async def mirror() -> None:  # the web page and the event record get what the terminal gets
-        async def snaps() -> None:
-            async for snap in engine.snapshots():
-                if web is not None:
-                    web.publish_snapshot(snap)
-                    st = stats()
-                    web.publish_stats(
-                        {
-                            "pairs_per_s": round(st["pairs_per_s"]),
-                            "samples_per_s": round(st["samples_per_s"]),
-                            "dropped": sum(st["drops"].values()),
-                        }
-                    )
-
-        async def events() -> None:
-            async for ev in engine.events():
-                if web is not None:
-                    web.publish_event(ev)
-                if record is not None:
-                    record.append(ev)
-
-        await asyncio.gather(snaps(), events())
+        outputs.append(web)
+    outputs.append(_TerminalOutput(view, stats, record))
+    hop_s = cfg.hop_samples / (rig.rate_hz * speed)  # wall seconds between snapshots: one status line each
 
     async with engine:
-        shower = asyncio.create_task(view.run(engine.snapshots(), engine.events(), stats))
-        mirrored = asyncio.create_task(mirror())
-        await asyncio.sleep(0)
-        try:
-            await produce()
-            await engine.flush()
-            await asyncio.sleep(0.2)
-        finally:
-            for task in (shower, mirrored):
-                task.cancel()
-            await asyncio.gather(shower, mirrored, return_exceptions=True)
-            if web is not None:
-                await web.stop()
+        with view:
+            forwarder = asyncio.create_task(
+                forward(engine, *outputs, status_interval_s=hop_s if web is not None else None, status=web_status)
+            )
+            await asyncio.sleep(0)
+            try:
+                await produce()
+                await engine.flush()
+                await asyncio.sleep(0.2)
+            finally:
+                forwarder.cancel()
+                await asyncio.gather(forwarder, return_exceptions=True)
+                if web is not None:
+                    await web.stop()
     return 0
