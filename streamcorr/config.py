@@ -64,13 +64,17 @@ class _Strict(BaseModel):
 
 
 class Tls(_Strict):
+    """TLS to an MQTT broker (streamcorr.transport.mqtt builds the SSL context from it)."""
+
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
-    insecure: bool = False
+    insecure: bool = False  # skip host-name verification (test brokers only)
 
 
 class Payload(_Strict):
+    """How a source decodes payloads (streamcorr.ingest.payload.PayloadDecoder takes its settings from here)."""
+
     format: Literal["auto", "json", "msgpack", "number"] = "auto"
     channel_template: str = "{topic}/{key}"  # topic levels {topic[0]}.., payload field {key}
     time_field: str = "t"
@@ -81,16 +85,25 @@ class Payload(_Strict):
 
 
 class MqttConnection(_Strict):
+    """One MQTT broker connection: the settings of streamcorr.transport.mqtt, for sources, outputs and clients."""
+
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
-    client_id: str | None = None
+    client_id: str | None = None  # None: the broker assigns one
     username: str | None = None
     password: str | None = None
     tls: Tls | None = None
     qos: Literal[0, 1, 2] = 0
     keepalive_s: int = Field(30, ge=5, le=3600)
+    timeout_s: float = Field(10.0, gt=0, le=3600)  # connect, subscribe and publish acknowledgements
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> MqttConnection:
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError(f"reconnect_min_s ({self.reconnect_min_s}) must not exceed reconnect_max_s")
+        return self
 
 
 class MqttSourceConfig(MqttConnection, Payload):

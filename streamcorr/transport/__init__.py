@@ -1,0 +1,2 @@
+"""Plumbing per protocol shared by the two sides of a transport (sources in ``ingest``, sinks and the Subscriber in
+``publish``): ``mqtt`` (client factory, backoff, one reconnecting loop with its counters) and ``zmq`` (sockets)."""

@@ -1,0 +1,170 @@
+"""MQTT plumbing shared by ``MqttSource``, ``MqttPublisher`` and the Subscriber: a client factory, jittered
+backoff and :func:`keep_connected`, the one loop that holds a connection.
+
+The settings are the config section :class:`streamcorr.config.MqttConnection` (or a subclass, such as a source's
+or an output's section): one definition of the keys, their defaults and their bounds.
+
+:func:`keep_connected` never gives up on a broker: it connects with a fresh client (aiomqtt clients are not
+reusable after a failure), hands the client to a session coroutine, and when the connection fails or is lost it
+counts it (``connect_failures`` or ``disconnects``), logs one line per kind at most every few seconds, waits a
+jittered, growing delay (``reconnect_min_s`` doubling up to ``reconnect_max_s``, back to the minimum after each
+successful connect) and connects again. It returns only when the session returns (a clean goodbye, counted as a
+disconnect) and ends when cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
+
+import aiomqtt
+
+from ..config import MqttConnection, Tls
+from ..errors import ConfigError
+from ..logutil import RateLimitedLog, broker_hint
+
+__all__ = [
+    "ConnectionCounters",
+    "check_settings",
+    "check_tls",
+    "jittered_backoff",
+    "keep_connected",
+    "make_client",
+    "tls_context",
+]
+
+Session = Callable[[aiomqtt.Client], Awaitable[None]]
+
+
+class ConnectionCounters(Protocol):
+    """The connection entries of a ledger (IngestCounters, SinkCounters and SubscriberCounters all have them)."""
+
+    connects: int  # connections made
+    disconnects: int  # connections ended, lost or closed
+    connect_failures: int  # attempts that did not connect
+
+
+def check_settings(settings: object) -> MqttConnection:
+    """``settings`` if it is an MqttConnection (a config section); ConfigError naming the fix otherwise."""
+    if not isinstance(settings, MqttConnection):
+        got = type(settings).__name__
+        raise ConfigError(f"settings must be a streamcorr.config.MqttConnection (or a section built on it); got {got}")
+    return settings
+
+
+def check_tls(settings: MqttConnection) -> None:
+    """ConfigError if the TLS files cannot be used: read once before connecting, so that a wrong path stops the
+    client with its name instead of counting a connect failure on every attempt."""
+    if settings.tls is None:
+        return
+    try:
+        tls_context(settings.tls)
+    except (OSError, ValueError) as exc:  # missing or unreadable file, bad PEM (ssl.SSLError is an OSError)
+        raise ConfigError(f"tls: cannot use ca_file / cert_file / key_file: {exc}") from exc
+
+
+def tls_context(tls: Tls) -> ssl.SSLContext:
+    """An SSL context for the broker: the given CA (None: the system trust store) and client certificate."""
+    ctx = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.insecure:  # host-name verification off: test brokers only
+        ctx.check_hostname = False
+    return ctx
+
+
+def make_client(
+    settings: MqttConnection,
+    *,
+    will: aiomqtt.Will | None = None,
+    max_queued_in: int | None = None,
+    queue_type: type[asyncio.Queue[aiomqtt.Message]] | None = None,
+) -> aiomqtt.Client:
+    """A fresh client for one connection attempt (aiomqtt clients are not reusable after a failure).
+    ``max_queued_in`` bounds aiomqtt's own incoming queue; ``queue_type`` replaces it (a counting queue, say)."""
+    tls = settings.tls
+    options: dict[str, Any] = {} if queue_type is None else {"queue_type": queue_type}
+    return aiomqtt.Client(
+        hostname=settings.host,
+        port=settings.port,
+        identifier=settings.client_id,
+        username=settings.username,
+        password=settings.password,
+        tls_context=tls_context(tls) if tls else None,
+        tls_insecure=tls.insecure if tls else None,
+        keepalive=settings.keepalive_s,
+        timeout=settings.timeout_s,
+        will=will,
+        max_queued_incoming_messages=max_queued_in,
+        **options,
+    )
+
+
+def jittered_backoff(min_s: float, max_s: float, rng: random.Random | None = None) -> Iterator[float]:
+    """Delays before reconnect attempts: exponential up to max_s, each drawn uniformly in [d/2, d].
+
+    >>> delays = jittered_backoff(1.0, 4.0, random.Random(0))
+    >>> [0.5 <= next(delays) <= 1.0, 1.0 <= next(delays) <= 2.0, 2.0 <= next(delays) <= 4.0, next(delays) <= 4.0]
+    [True, True, True, True]
+    """
+    rng = rng or random.Random()
+    delay = min_s
+    while True:
+        yield rng.uniform(delay / 2, delay)
+        delay = min(max_s, delay * 2)
+
+
+async def keep_connected(
+    settings: MqttConnection,
+    session: Session,
+    *,
+    counters: ConnectionCounters,
+    log: logging.Logger,
+    name: str,
+    new_client: Callable[[], aiomqtt.Client] | None = None,
+    retry: tuple[type[Exception], ...] = (aiomqtt.MqttError, OSError),
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Connect, run ``session(client)``, and reconnect after each failure or loss, until cancelled.
+
+    Returns once ``session`` returns (the caller's goodbye: the client then disconnects cleanly). ``new_client``
+    makes each attempt's client (default: ``make_client(settings)``). Exceptions in ``retry`` are counted and
+    retried; those beyond MqttError and OSError are bugs, logged with their traceback; any other propagates.
+    ``wake``: while it is not set, setting it cuts the wait before the next attempt short.
+    ``name`` starts the log lines ("MQTT source", say). Raises ConfigError (before connecting) for TLS files that
+    cannot be used.
+    """
+    check_tls(settings)
+    warn = RateLimitedLog(log)
+    where = f"{settings.host}:{settings.port}"
+    delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
+    while True:
+        up = False
+        try:
+            async with (new_client or (lambda: make_client(settings)))() as client:
+                up = True
+                counters.connects += 1
+                delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)  # healthy: start low
+                await session(client)
+            counters.disconnects += 1
+            return
+        except retry as exc:
+            if not isinstance(exc, aiomqtt.MqttError | OSError):
+                warn(logging.ERROR, "bug", "%s failed on %s; reconnecting", name, where, exc_info=True)
+            if up:
+                counters.disconnects += 1
+                warn.warning("lost", "%s lost %s: %s; reconnecting", name, where, exc)
+            else:
+                counters.connect_failures += 1
+                warn.warning("connect", "%s cannot connect to %s: %s; retrying%s", name, where, exc, broker_hint(exc))
+        delay = next(delays)
+        if wake is None or wake.is_set():
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
