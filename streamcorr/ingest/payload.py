@@ -39,7 +39,11 @@ Channel names come from ``channel_template``, a ``str.format`` template over ``{
 ``{topic[0]}``, ``{topic[1]}``, ... (its ``/``-separated levels; ``{topic[-1]}`` is the last) and ``{key}``
 (the field name). Topic ``robot/arm/imu1`` with ``"{topic[2]}.{key}"`` gives ``imu1.ax``. The name must
 follow the channel-name rule of :mod:`streamcorr.names` (valid UTF-8, printable, 1 to ``max_name_bytes``
-bytes; 256 by default), and a topic may be at most ``max_topic_bytes`` (1024 by default) UTF-8 bytes.
+bytes), and a topic may be at most ``max_topic_bytes`` UTF-8 bytes.
+
+Settings: the config section :class:`streamcorr.config.Payload` holds every key with its default and bounds;
+``PayloadDecoder(settings, **overrides)`` takes one (a source's section will do) and keyword overrides of its
+keys, validated the same way (a bad value is a ConfigError naming the key).
 
 Memory: the decoder remembers the channel name of each (topic, field) and the last ``seq`` of each topic;
 both caches are bounded in bytes (``CACHE_BYTES`` each, counting topics, keys and names) and are cleared
@@ -69,21 +73,22 @@ import json
 import logging
 import re
 import string
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 import numpy as np
+from pydantic import ValidationError
 
+from ..config import Payload, echo
 from ..errors import ConfigError
 from ..names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .source import Batch, IngestCounters, RateLimitedLog
+from .values import array_len, is_number, sample_array, sample_value, time_scalar
 
 __all__ = ["Batch", "PayloadDecoder"]
 
 log = logging.getLogger("streamcorr.ingest.payload")
 
-Format = Literal["auto", "json", "msgpack", "number"]
-TimeUnit = Literal["s", "ms", "us", "ns"]
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 MAX_ABS_T_S = 9e9  # the engine refuses |t| > 9e18 ns (int64 nanoseconds end at 9.22e18)
 _MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
@@ -92,7 +97,6 @@ _MISSING = object()
 _CACHE_MAX = 65_536  # entries per cache (names, seq numbers); cleared when full
 CACHE_BYTES = 4 << 20  # bytes per cache (topics, keys and names counted); cleared when over
 _ENTRY_BYTES = 200  # a cache entry's overhead beyond its strings (dict slot, tuple, str headers)
-MAX_TOPIC_BYTES = 1024
 
 
 class _Topic:
@@ -129,44 +133,30 @@ class PayloadDecoder:
 
     def __init__(
         self,
+        settings: Payload | None = None,
         *,
-        format: Format = "auto",
-        channel_template: str = "{topic}/{key}",
-        time_field: str = "t",
-        time_unit: TimeUnit = "s",
-        max_payload_bytes: int = 1 << 20,
-        max_samples_per_message: int = 100_000,
-        seq_field: str | None = "seq",
         max_name_bytes: int = MAX_NAME_BYTES,
-        max_topic_bytes: int = MAX_TOPIC_BYTES,
+        seq_field: str | None = "seq",
         counters: IngestCounters | None = None,
+        **overrides: Any,
     ) -> None:
-        if format not in ("auto", "json", "msgpack", "number"):
-            raise ConfigError(f"format must be one of auto, json, msgpack, number; got {format!r}")
-        if time_unit not in _UNIT_S:
-            raise ConfigError(f"time_unit must be one of s, ms, us, ns; got {time_unit!r}")
-        if max_payload_bytes < 1 or max_samples_per_message < 1:
-            raise ConfigError(
-                f"max_payload_bytes and max_samples_per_message must be >= 1; "
-                f"got {max_payload_bytes} and {max_samples_per_message}"
-            )
-        if not time_field or time_field in ("t0", "dt", "channels") or time_field == seq_field:
-            raise ConfigError(f"time_field {time_field!r} is empty or clashes with a reserved name")
-        _check_template(channel_template)
+        self.settings = p = payload_settings(settings, overrides)
+        if p.time_field in ("t0", "dt", "channels") or p.time_field == seq_field or not p.time_field:
+            raise ConfigError(f"time_field {p.time_field!r} is empty or clashes with a reserved name")
+        _check_template(p.channel_template)
         check_max_name_bytes(max_name_bytes)
-        if isinstance(max_topic_bytes, bool) or not isinstance(max_topic_bytes, int) or not max_topic_bytes >= 1:
-            raise ConfigError(f"max_topic_bytes must be a positive integer; got {max_topic_bytes!r}")
-        self.format = format
-        self.channel_template = channel_template
-        self.time_field = time_field
-        self.time_scale = _UNIT_S[time_unit]
-        self.max_payload_bytes = max_payload_bytes
-        self.max_samples_per_message = max_samples_per_message
+        # the settings, as attributes read on every message
+        self.format = p.format
+        self.channel_template = p.channel_template
+        self.time_field = p.time_field
+        self.time_scale = _UNIT_S[p.time_unit]
+        self.max_payload_bytes = p.max_payload_bytes
+        self.max_samples_per_message = p.max_samples_per_message
+        self.max_topic_bytes = p.max_topic_bytes
+        self.max_name_bytes = max_name_bytes
         self.seq_field = seq_field
         self.counters = counters if counters is not None else IngestCounters()
-        self._reserved = {time_field, "t0", "dt", "channels"} | ({seq_field} if seq_field else set())
-        self.max_name_bytes = max_name_bytes
-        self.max_topic_bytes = max_topic_bytes
+        self._reserved = {p.time_field, "t0", "dt", "channels"} | ({seq_field} if seq_field else set())
         self._names: dict[tuple[str, str], tuple[str | None, str]] = {}  # -> (name, "" | drop reason)
         self._names_bytes = 0
         self._last_seq: dict[str, int] = {}
@@ -191,7 +181,7 @@ class PayloadDecoder:
             return self._reject(topic, "decode", self._undecodable(payload, exc))
         if isinstance(obj, dict):
             out = self._object(topic, obj, arrival_s)
-        elif _is_number(obj) or obj is None:
+        elif is_number(obj) or obj is None:
             out = self._fields(topic, {"value": obj}, arrival_s)
         else:
             return self._reject(topic, "schema", f"top level is {type(obj).__name__}, not a number or object")
@@ -305,7 +295,7 @@ class PayloadDecoder:
         if t_raw is _MISSING:
             t_s = arrival_s
         else:
-            t = _scalar(t_raw)
+            t = time_scalar(t_raw)
             t_s = t * self.time_scale if t is not None else float("nan")
             if not abs(t_s) < MAX_ABS_T_S:  # also catches NaN
                 return self._reject(topic, "time", f"bad time {t_raw!r:.40}", len(fields))
@@ -318,7 +308,7 @@ class PayloadDecoder:
             if name is None:
                 self._drop(topic, why, f"{self.channel_template!r} with key {key!r:.40}")
                 continue
-            value, reason = _value(raw)
+            value, reason = sample_value(raw)
             if reason:
                 self._drop(topic, reason, f"field {key!r:.40} = {raw!r:.40}")
                 continue
@@ -335,7 +325,7 @@ class PayloadDecoder:
         for key in obj:
             if key not in self._reserved:
                 self._drop(topic, "schema", f"unknown key {key!r:.40} in a chunk")
-        sizes = {key: _size(arr) for key, arr in chans.items()}
+        sizes = {key: array_len(arr) for key, arr in chans.items()}
         total = sum(n if n is not None else 1 for n in sizes.values())
         if total > self.max_samples_per_message:
             return self._reject(topic, "too_many_samples", f"{total} samples", total)
@@ -365,7 +355,7 @@ class PayloadDecoder:
                 continue
             else:
                 t_s = times
-            values, value_ok, n_type, n_range = _array(arr)
+            values, value_ok, n_type, n_range = sample_array(arr)
             self._drop(topic, "type", f"non-numbers in channel {key!r:.40}", n_type)
             self._drop(topic, "range", f"integers beyond float64 in channel {key!r:.40}", n_range)
             time_ok = np.abs(t_s) < MAX_ABS_T_S
@@ -383,16 +373,47 @@ class PayloadDecoder:
         """Times in seconds: an array (NaN where invalid), (t0_s, dt_s), or None where unusable."""
         if self.time_field in obj:
             raw = obj[self.time_field]
-            if _size(raw) is None:
+            if array_len(raw) is None:
                 return None
-            t, ok, _, _ = _array(raw)
+            t, ok, _, _ = sample_array(raw)
             t = t * self.time_scale
             t[~ok] = np.nan
             return t
-        t0, dt = _scalar(obj.get("t0")), _scalar(obj.get("dt"))
+        t0, dt = time_scalar(obj.get("t0")), time_scalar(obj.get("dt"))
         if t0 is None or dt is None or not (dt > 0 and np.isfinite(dt) and np.isfinite(t0)):
             return None
         return t0 * self.time_scale, dt * self.time_scale
+
+
+def payload_settings(settings: Payload | None, overrides: dict[str, Any]) -> Payload:
+    """``settings`` (default: ``Payload()``) with keyword overrides of its keys, validated like the configuration
+    file: ConfigError naming each bad key.
+
+    >>> payload_settings(None, {"time_unit": "ms"}).time_unit
+    'ms'
+    >>> payload_settings(None, {"max_payload_bytes": 0})
+    Traceback (most recent call last):
+    ...
+    streamcorr.errors.ConfigError: max_payload_bytes: Input should be greater than or equal to 16 (got 0)
+    """
+    if settings is not None and not isinstance(settings, Payload):
+        raise ConfigError(f"settings must be a streamcorr.config.Payload section; got {type(settings).__name__}")
+    if settings is not None and not overrides and type(settings) is Payload:
+        return settings
+    keys = set(Payload.model_fields)
+    given = settings.model_dump(include=keys) if settings is not None else {}
+    try:
+        return Payload.model_validate({**given, **overrides})
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(part) for part in err["loc"])
+            if err["type"] == "extra_forbidden":
+                others = "max_name_bytes, seq_field, counters"
+                problems.append(f"{key}: not a decoder setting; use one of {', '.join(Payload.model_fields)}, {others}")
+            else:
+                problems.append(f"{key}: {err['msg']} (got {echo(err.get('input'))})")
+        raise ConfigError("; ".join(problems)) from None
 
 
 def _check_template(template: str) -> None:
@@ -411,63 +432,3 @@ def _check_template(template: str) -> None:
         template.format(topic=_Topic("/".join(["x"] * 1000)), key="k")
     except (ValueError, IndexError) as exc:
         raise ConfigError(f"channel_template {template!r} cannot be filled: {exc}") from exc
-
-
-def _is_number(x: Any) -> bool:
-    return type(x) is float or type(x) is int  # bool is an int subclass and is not a sample
-
-
-def _scalar(x: Any) -> float | None:
-    """A time-like number as float, or None."""
-    if not _is_number(x):
-        return None
-    try:
-        return float(x)
-    except OverflowError:
-        return None
-
-
-def _value(x: Any) -> tuple[float, str]:
-    """(value, "") or (nan, drop reason); None reads as NaN (JSON's only way to say 'no value')."""
-    if type(x) is float:
-        return x, ""
-    if x is None:
-        return float("nan"), ""
-    if type(x) is int:
-        try:
-            return float(x), ""
-        except OverflowError:
-            return float("nan"), "range"
-    return float("nan"), "type"
-
-
-def _size(arr: Any) -> int | None:
-    """Number of samples in an array value, or None where it is not an array."""
-    if isinstance(arr, list):
-        return len(arr)
-    if isinstance(arr, bytes) and len(arr) % 8 == 0:
-        return len(arr) // 8
-    return None
-
-
-def _array(arr: list[Any] | bytes) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """(float64 values, valid mask, count of non-numbers, count of integers beyond float64)."""
-    if isinstance(arr, bytes):
-        values = np.frombuffer(arr, dtype="<f8").astype(np.float64)
-        return values, np.ones(len(values), dtype=bool), 0, 0
-    if all(type(x) is float or type(x) is int for x in arr):  # the fast path, almost always taken
-        try:
-            values = np.array(arr, dtype=np.float64)
-            return values, np.ones(len(values), dtype=bool), 0, 0
-        except OverflowError:
-            pass
-    values = np.empty(len(arr))
-    ok = np.ones(len(arr), dtype=bool)
-    n_type = n_range = 0
-    for k, raw in enumerate(arr):
-        values[k], reason = _value(raw)
-        if reason:
-            ok[k] = False
-            n_type += reason == "type"
-            n_range += reason == "range"
-    return values, ok, n_type, n_range
