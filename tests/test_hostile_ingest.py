@@ -19,9 +19,9 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from streamcorr.config import parse_config
+from streamcorr.config import MqttConnection, parse_config
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.ingest.mqtt import MqttSettings, MqttSource
+from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import CACHE_BYTES, PayloadDecoder
 from streamcorr.ingest.zmq import ZmqSource
 from streamcorr.matrix import Snapshot
@@ -105,14 +105,14 @@ def test_mqtt_publisher_survives_an_unencodable_snapshot(mqtt_broker):
     async def main() -> tuple[bytes, int, bool]:
         async with aiomqtt.Client(host, port) as sub:
             await sub.subscribe(f"{prefix}/snapshot")
-            async with MqttPublisher(settings=MqttSettings(host=host, port=port), prefix=prefix) as pub:
+            async with MqttPublisher(settings=MqttConnection(host=host, port=port), prefix=prefix) as pub:
                 assert await pub.wait_connected(10)
                 with contextlib.suppress(InputError):
                     await pub.publish_snapshot(_snapshot(("a", "\ud800")))
                 await asyncio.sleep(0.3)
                 await pub.publish_snapshot(_snapshot(("a", "b"), seq=2))
                 msg = await asyncio.wait_for(anext(aiomqtt_messages(sub)), 10)
-                alive = pub._run_task is not None and not pub._run_task.done()
+                alive = pub.problem() is None
                 dropped = pub.counters.dropped["snapshot"]
         async with aiomqtt.Client(host, port) as c:  # clear the retained messages of this test
             for stream in ("snapshot", "status"):
@@ -248,7 +248,7 @@ def test_mqtt_source_drops_long_topics_from_a_real_broker(mqtt_broker):
         return len(t)
 
     async def main() -> MqttSource:
-        src = MqttSource(settings=MqttSettings(host=host, port=port), topics=[f"{prefix}/#"],
+        src = MqttSource(settings=MqttConnection(host=host, port=port), topics=[f"{prefix}/#"],
                          decoder=PayloadDecoder(), sink=sink)  # fmt: skip
         task = asyncio.create_task(src.run())
         await until(lambda: src.connected, 10, "connected")
@@ -268,7 +268,7 @@ def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
     """The MQTT source's incoming queue refuses (and counts as queue_full) a message that would take it past
     queue_bytes, however few messages it holds; taking one out frees its bytes."""
     np.random.default_rng(54)
-    src = MqttSource(settings=MqttSettings(), topics=["x/#"], decoder=PayloadDecoder(), sink=lambda c, t, v: len(t),
+    src = MqttSource(settings=MqttConnection(), topics=["x/#"], decoder=PayloadDecoder(), sink=lambda c, t, v: len(t),
                      queue_size=1000, queue_bytes=100_000)  # fmt: skip
     inbox = src._queue_type()()
     for k in range(10):

@@ -10,9 +10,11 @@ import uuid
 import aiomqtt
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from streamcorr.config import MqttConnection
 from streamcorr.errors import ConfigError
-from streamcorr.ingest.mqtt import MqttSettings, MqttSource
+from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import PayloadDecoder
 from tests.brokers import (
     HOSTILE_CHANNELS,
@@ -49,20 +51,23 @@ async def mosquitto_pub(host: str, port: int, topic: str, lines: list[bytes]) ->
 
 
 def test_config_errors():
-    """Empty or malformed topic filters, a bad QoS and a zero queue are refused with ConfigError."""
+    """Empty or malformed topic filters, a zero queue and settings that are not an MqttConnection are refused with
+    ConfigError; a bad QoS or backoff cannot even be built as settings (the config section validates them)."""
     np.random.default_rng(0)
-    ok = {"settings": MqttSettings(), "topics": ["a/#"], "decoder": PayloadDecoder(), "sink": ListSink()}
+    ok = {"settings": MqttConnection(), "topics": ["a/#"], "decoder": PayloadDecoder(), "sink": ListSink()}
     for change in (
         {"topics": []},
         {"topics": ["a/#/b"]},
         {"topics": ["a/b+"]},
         {"topics": [""]},
-        {"settings": MqttSettings(qos=3)},
-        {"settings": MqttSettings(reconnect_min_s=0)},
         {"queue_size": 0},
+        {"settings": {"host": "127.0.0.1"}},
     ):
         with pytest.raises(ConfigError):
             MqttSource(**(ok | change))  # type: ignore[arg-type]
+    for bad in ({"qos": 3}, {"reconnect_min_s": 0}, {"reconnect_min_s": 2, "reconnect_max_s": 1}):
+        with pytest.raises(ValidationError):
+            MqttConnection(**bad)  # type: ignore[arg-type]
     MqttSource(**ok | {"topics": ["+/x/#", "#", "a/+"]})  # type: ignore[arg-type]
 
 
@@ -78,7 +83,9 @@ def test_mosquitto_pub_reaches_engine(mqtt_broker):
     async def main() -> None:
         eng = small_engine()
         dec = PayloadDecoder(channel_template="{topic[-1]}.{key}")
-        src = MqttSource(settings=MqttSettings(host, port), topics=[f"{prefix}/+/imu"], decoder=dec, sink=eng.push)
+        src = MqttSource(
+            settings=MqttConnection(host=host, port=port), topics=[f"{prefix}/+/imu"], decoder=dec, sink=eng.push
+        )
         async with eng:
             task = asyncio.create_task(src.run())
             await until(lambda: src.connected, what="connect and subscribe")
@@ -110,7 +117,7 @@ def test_bare_numbers_and_malformed_from_mosquitto_pub(mqtt_broker):
     async def main() -> None:
         sink = ListSink()
         dec = PayloadDecoder(channel_template="{topic[2]}")
-        src = MqttSource(settings=MqttSettings(host, port), topics=[topic], decoder=dec, sink=sink)
+        src = MqttSource(settings=MqttConnection(host=host, port=port), topics=[topic], decoder=dec, sink=sink)
         task = asyncio.create_task(src.run())
         await until(lambda: src.connected)
         await mosquitto_pub(host, port, topic, lines)
@@ -135,7 +142,7 @@ def test_broker_restart_reconnects_and_resumes(tmp_path):
                 await client.publish("plant/sensor", p)
 
     async def main(broker: PrivateBroker) -> None:
-        settings = MqttSettings(port=broker.port, reconnect_min_s=0.05, reconnect_max_s=0.2, timeout_s=2)
+        settings = MqttConnection(port=broker.port, reconnect_min_s=0.05, reconnect_max_s=0.2, timeout_s=2)
         sink = ListSink()
         src = MqttSource(settings=settings, topics=["plant/#"], decoder=PayloadDecoder(), sink=sink)
         task = asyncio.create_task(src.run())
@@ -161,7 +168,7 @@ def test_broker_restart_reconnects_and_resumes(tmp_path):
 def test_connect_failures_counted_and_never_exit():
     """With no broker at all, run() keeps retrying with backoff, counting each failed attempt."""
     np.random.default_rng(4)
-    settings = MqttSettings(port=free_port(), reconnect_min_s=0.01, reconnect_max_s=0.05, timeout_s=1)
+    settings = MqttConnection(port=free_port(), reconnect_min_s=0.01, reconnect_max_s=0.05, timeout_s=1)
 
     async def main() -> None:
         src = MqttSource(settings=settings, topics=["x"], decoder=PayloadDecoder(), sink=ListSink())
@@ -191,7 +198,9 @@ def test_full_queue_drops_are_counted(mqtt_broker):
 
     async def main() -> None:
         dec = PayloadDecoder()
-        src = MqttSource(settings=MqttSettings(host, port), topics=[topic], decoder=dec, sink=slow_sink, queue_size=1)
+        src = MqttSource(
+            settings=MqttConnection(host=host, port=port), topics=[topic], decoder=dec, sink=slow_sink, queue_size=1
+        )
         task = asyncio.create_task(src.run())
         await until(lambda: src.connected)
         await mosquitto_pub(host, port, topic, lines)
@@ -215,7 +224,9 @@ def test_hostile_payloads_counted_exactly(mqtt_broker):
     async def main() -> None:
         eng = small_engine(channels=HOSTILE_CHANNELS, auto_add_channels=False)
         dec = PayloadDecoder(**HOSTILE_DECODER)  # type: ignore[arg-type]
-        src = MqttSource(settings=MqttSettings(host, port), topics=[f"{prefix}/#"], decoder=dec, sink=eng.push)
+        src = MqttSource(
+            settings=MqttConnection(host=host, port=port), topics=[f"{prefix}/#"], decoder=dec, sink=eng.push
+        )
         async with eng:
             task = asyncio.create_task(src.run())
             await until(lambda: src.connected)

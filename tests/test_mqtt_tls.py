@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamcorr.ingest.mqtt import MqttSettings, MqttSource, MqttTls
+from streamcorr.config import MqttConnection, Tls
+from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import PayloadDecoder
 from tests.brokers import PrivateBroker, stop, until
 
@@ -46,7 +47,7 @@ def test_tls_with_password_reaches_the_engine_and_wrong_password_is_refused(tmp_
     )
     broker.start()
     topic = f"tls-{uuid.uuid4().hex[:8]}/dev"
-    tls = MqttTls(ca_file=str(tmp_path / "ca.crt"))
+    tls = Tls(ca_file=str(tmp_path / "ca.crt"))
     rng = np.random.default_rng(5)
     try:
         received: list[tuple[str, int]] = []
@@ -57,11 +58,11 @@ def test_tls_with_password_reaches_the_engine_and_wrong_password_is_refused(tmp_
 
         async def main() -> tuple[MqttSource, MqttSource]:
             good = MqttSource(
-                settings=MqttSettings(port=broker.port, username="sensor", password="s3cret", tls=tls),
+                settings=MqttConnection(port=broker.port, username="sensor", password="s3cret", tls=tls),
                 topics=[topic], decoder=PayloadDecoder(channel_template="{key}"), sink=sink,
             )  # fmt: skip
             bad = MqttSource(
-                settings=MqttSettings(port=broker.port, username="sensor", password="wrong", tls=tls,
+                settings=MqttConnection(port=broker.port, username="sensor", password="wrong", tls=tls,
                                       reconnect_min_s=0.05, reconnect_max_s=0.1),
                 topics=[topic], decoder=PayloadDecoder(), sink=sink,
             )  # fmt: skip

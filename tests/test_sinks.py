@@ -12,6 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import msgpack
@@ -21,8 +22,8 @@ import zmq
 import zmq.asyncio
 
 from streamcorr.changes import ChangeEvent
+from streamcorr.config import MqttConnection
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.ingest.mqtt import MqttSettings
 from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, decode_message
 from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
@@ -44,6 +45,11 @@ def make_snapshot(rng: np.random.Generator, n: int = 4, seq: int = 1) -> Snapsho
 
 def make_event(rng: np.random.Generator, k: int = 0) -> ChangeEvent:
     return ChangeEvent(("ch0", "ch1"), float(rng.random()), float(rng.random()) + 1, k, "rise")
+
+
+def connection(broker: tuple[str, int], **settings: Any) -> MqttConnection:
+    """The connection settings for a (host, port) broker fixture."""
+    return MqttConnection(host=broker[0], port=broker[1], **settings)
 
 
 def free_port() -> int:
@@ -198,19 +204,19 @@ def test_sink_constructors_and_publish_reject_bad_input():
     with pytest.raises(ConfigError, match="prefix"):
         ZmqPublisher(prefix="a/#")
     with pytest.raises(ConfigError, match="top_k"):
-        MqttPublisher(settings=MqttSettings(), top_k=0)
+        MqttPublisher(settings=MqttConnection(), top_k=0)
     with pytest.raises(ConfigError, match="queue_size"):
-        MqttPublisher(settings=MqttSettings(), queue_size=0)
+        MqttPublisher(settings=MqttConnection(), queue_size=0)
     snap = make_snapshot(rng)
     bad = Snapshot(1, 0, 0, ("a",), snap.mi, snap.age_s, snap.coverage)
 
     async def main():
-        pub = MqttPublisher(settings=MqttSettings())
+        pub = MqttPublisher(settings=MqttConnection())
         with pytest.raises(InputError, match="shape"):
             await pub.publish_snapshot(bad)
         with pytest.raises(InputError, match="online"):
             await pub.publish_status("up", {})
-        return pub.pending
+        return pub.queue_depth
 
     assert asyncio.run(main()) == 0
 
@@ -240,7 +246,7 @@ def test_mqtt_online_status_is_retained_and_a_plain_cli_client_reads_it(mqtt_bro
     np.random.default_rng(5)
 
     async def main():
-        async with MqttPublisher(settings=MqttSettings(*mqtt_broker), prefix=prefix) as pub:
+        async with MqttPublisher(settings=connection(mqtt_broker), prefix=prefix) as pub:
             assert await pub.wait_connected(5)
             cli = await asyncio.create_subprocess_exec(
                 "mosquitto_sub", "-h", mqtt_broker[0], "-p", str(mqtt_broker[1]), "-t", f"{prefix}/status",
@@ -257,18 +263,18 @@ def test_mqtt_online_status_is_retained_and_a_plain_cli_client_reads_it(mqtt_bro
 
 
 def test_mqtt_close_sends_the_final_snapshot_and_a_retained_offline(mqtt_broker, prefix):
-    """close() flushes the pending snapshot (retained, with its pair list) and leaves "offline" retained."""
+    """stop() flushes the pending snapshot (retained, with its pair list) and leaves "offline" retained."""
     rng = np.random.default_rng(6)
     snaps = [make_snapshot(rng, seq=k) for k in range(1, 4)]
 
     async def main():
-        pub = MqttPublisher(settings=MqttSettings(*mqtt_broker), prefix=prefix, threshold=0.0)
-        task = asyncio.create_task(pub.run())
+        pub = MqttPublisher(settings=connection(mqtt_broker), prefix=prefix, threshold=0.0)
+        await pub.start()
         assert await pub.wait_connected(5)
         for snap in snaps:  # no await in between: the first two are superseded before they can be sent
             await pub.publish_snapshot(snap)
-        await pub.close()
-        await task
+        await pub.stop()
+        assert pub.problem() == "stopped"
         return pub.counters
 
     counters = asyncio.run(main())
@@ -290,12 +296,12 @@ def test_mqtt_outbox_drops_superseded_snapshots_and_oldest_events_then_sends_in_
     events = [make_event(rng, k) for k in range(10)]
 
     async def main():
-        pub = MqttPublisher(settings=MqttSettings(*mqtt_broker), prefix=prefix, queue_size=4)
+        pub = MqttPublisher(settings=connection(mqtt_broker), prefix=prefix, queue_size=4)
         for k in range(5):
             await pub.publish_snapshot(make_snapshot(rng, seq=k + 1))
         for ev in events:
             await pub.publish_event(ev)
-        assert pub.pending == 5
+        assert pub.queue_depth == 5
         received = []
         async with aiomqtt.Client(*mqtt_broker) as client:
             await client.subscribe(f"{prefix}/event")
@@ -318,11 +324,11 @@ def test_mqtt_outbox_drops_superseded_snapshots_and_oldest_events_then_sends_in_
 
 PUBLISHER_SCRIPT = """
 import asyncio, sys
-from streamcorr.ingest.mqtt import MqttSettings
+from streamcorr.config import MqttConnection
 from streamcorr.publish.mqtt_sink import MqttPublisher
 
 async def main():
-    async with MqttPublisher(settings=MqttSettings(sys.argv[1], int(sys.argv[2])), prefix=sys.argv[3]):
+    async with MqttPublisher(settings=MqttConnection(host=sys.argv[1], port=int(sys.argv[2])), prefix=sys.argv[3]):
         await asyncio.Event().wait()
 
 asyncio.run(main())
@@ -400,25 +406,24 @@ def private_broker():
 
 
 def test_mqtt_publisher_reconnects_after_the_broker_restarts_and_never_gives_up(private_broker):
-    """Broker gone: run() keeps retrying (counted); broker back: it reconnects and announces "online" again."""
+    """Broker gone: the publisher keeps retrying (counted); broker back: it reconnects and says "online" again."""
     rng = np.random.default_rng(9)
     port, start, stop = private_broker
-    settings = MqttSettings("127.0.0.1", port, reconnect_min_s=0.05, reconnect_max_s=0.2, keepalive_s=5)
+    settings = MqttConnection(host="127.0.0.1", port=port, reconnect_min_s=0.05, reconnect_max_s=0.2, keepalive_s=5)
 
     async def main():
         pub = MqttPublisher(settings=settings, prefix="plant")
-        task = asyncio.create_task(pub.run())
-        assert await pub.wait_connected(5)
+        await pub.start()
+        assert await pub.wait_connected(5) and pub.problem() is None
         await asyncio.get_running_loop().run_in_executor(None, stop)
         await until(lambda: not pub.connected)
         await pub.publish_snapshot(make_snapshot(rng, seq=1))  # waits in the outbox
         await until(lambda: pub.counters.connect_failures >= 3)
-        assert not task.done()
+        assert pub.problem() == f"not connected to 127.0.0.1:{port}" and pub.queue_depth == 1
         await asyncio.get_running_loop().run_in_executor(None, start)
         assert await pub.wait_connected(5)
         await until(lambda: pub.counters.sent["snapshot"] == 1)
-        await pub.close()
-        await task
+        await pub.stop()
         got = await retained(("127.0.0.1", port), ["plant/status", "plant/snapshot"])
         return pub.counters, got
 
@@ -432,19 +437,21 @@ def test_mqtt_publisher_reconnects_after_the_broker_restarts_and_never_gives_up(
 
 
 def test_mqtt_close_without_a_broker_gives_up_after_its_timeout():
-    """With no broker at all, close() returns after its timeout and counts the queued messages as dropped."""
+    """With no broker at all, stop() returns after its timeout, counts the queued messages as dropped and ends the
+    connection task."""
     rng = np.random.default_rng(10)
-    settings = MqttSettings("127.0.0.1", free_port(), reconnect_min_s=0.05, reconnect_max_s=0.1)
+    settings = MqttConnection(host="127.0.0.1", port=free_port(), reconnect_min_s=0.05, reconnect_max_s=0.1)
 
     async def main():
         pub = MqttPublisher(settings=settings)
-        task = asyncio.create_task(pub.run())
+        await pub.start()
         await pub.publish_snapshot(make_snapshot(rng))
         await pub.publish_event(make_event(rng))
         await until(lambda: pub.counters.connect_failures >= 2)
         t0 = time.monotonic()
-        await pub.close(timeout_s=0.3)
-        return time.monotonic() - t0, task.done(), pub.counters
+        await pub.stop(timeout_s=0.3)
+        task = pub._run_task
+        return time.monotonic() - t0, task is not None and task.done(), pub.counters
 
     took, done, counters = asyncio.run(main())
     assert done and took < 2
@@ -457,7 +464,7 @@ def test_envelope_bytes_on_the_wire_are_plain_msgpack(mqtt_broker, prefix):
     snap = make_snapshot(rng, n=3)
 
     async def main():
-        async with MqttPublisher(settings=MqttSettings(*mqtt_broker), prefix=prefix) as pub:
+        async with MqttPublisher(settings=connection(mqtt_broker), prefix=prefix) as pub:
             await pub.publish_snapshot(snap)
         return await retained(mqtt_broker, [f"{prefix}/snapshot"])
 

@@ -11,15 +11,15 @@ import zmq
 import zmq.asyncio
 
 from streamcorr.changes import ChangeEvent
+from streamcorr.config import MqttConnection
 from streamcorr.errors import ConfigError, StreamcorrError
-from streamcorr.ingest.mqtt import MqttSettings
 from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, encode_event, encode_status
 from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.sinks import forward
 from streamcorr.publish.subscriber import Subscriber
 from streamcorr.publish.zmq_sink import ZmqPublisher
-from tests.test_sinks import ANY_PORT, make_event, make_snapshot, prefix, private_broker, until
+from tests.test_sinks import ANY_PORT, connection, make_event, make_snapshot, prefix, private_broker, until
 
 __all__ = ["prefix", "private_broker"]  # fixtures shared with test_sinks
 
@@ -274,7 +274,7 @@ def test_mqtt_late_subscriber_gets_the_retained_snapshot_then_live_ones(mqtt_bro
 
     async def main():
         snaps = [make_snapshot(rng, seq=k) for k in range(1, 4)]
-        qos1 = MqttSettings(*mqtt_broker, qos=1)  # publish() returns once the broker has the message
+        qos1 = connection(mqtt_broker, qos=1)  # publish() returns once the broker has the message
         async with MqttPublisher(settings=qos1, prefix=prefix) as pub:
             assert await pub.wait_connected(5)
             for snap in snaps[:2]:
@@ -346,11 +346,11 @@ def test_mqtt_subscriber_reconnects_after_a_broker_restart_and_skips_the_repeate
     """After the broker returns the subscriber resubscribes; the retained snapshot it already had is not repeated."""
     rng = np.random.default_rng(31)
     port, start, stop = private_broker
-    fast = MqttSettings(reconnect_min_s=0.05, reconnect_max_s=0.2)
+    fast = MqttConnection(reconnect_min_s=0.05, reconnect_max_s=0.2)
 
     async def main():
         sub = Subscriber(f"mqtt://127.0.0.1:{port}", settings=fast, prefix="plant", streams=("snapshot",))
-        pub_settings = MqttSettings("127.0.0.1", port, reconnect_min_s=0.05)
+        pub_settings = MqttConnection(host="127.0.0.1", port=port, reconnect_min_s=0.05)
         async with MqttPublisher(settings=pub_settings, prefix="plant") as pub, sub:
             await pub.publish_snapshot(make_snapshot(rng, seq=1))
             first = await anext(sub.snapshots(timeout_s=3))
@@ -375,7 +375,7 @@ def test_subscriber_rejects_bad_configuration_and_unstarted_use():
         ({"url": "http://x:1"}, "url must start with"),
         ({"url": "tcp://127.0.0.1"}, "needs a port"),
         ({"url": "mqtt://host:notaport"}, "bad port"),
-        ({"url": "tcp://h:1", "settings": MqttSettings()}, "MQTT options"),
+        ({"url": "tcp://h:1", "settings": MqttConnection()}, "MQTT options"),
         ({"url": "tcp://h:1", "streams": ("snapshot", "pairs")}, "not both"),
         ({"url": "tcp://h:1", "streams": ("matrix",)}, "streams must be"),
         ({"url": "tcp://h:1", "queue_size": 0}, "queue_size"),
@@ -383,7 +383,7 @@ def test_subscriber_rejects_bad_configuration_and_unstarted_use():
     ]:
         with pytest.raises(ConfigError, match=message):
             Subscriber(**kwargs)
-    sub = Subscriber("mqtts://user:pw@broker.example", settings=MqttSettings(qos=1))
+    sub = Subscriber("mqtts://user:pw@broker.example", settings=MqttConnection(qos=1))
     assert sub.settings is not None and sub.settings.port == 8883 and sub.settings.tls is not None
     assert (sub.settings.username, sub.settings.password, sub.settings.qos) == ("user", "pw", 1)
 

@@ -1,10 +1,10 @@
-"""MQTT in: settings, client factory and backoff (shared with the publishing sink), and ``MqttSource``.
+"""MQTT in: ``MqttSource``, which subscribes to topic filters and feeds decoded samples to a sink.
 
-``MqttSource`` subscribes to topic filters, decodes each message with a ``PayloadDecoder`` and hands the
-samples to a sink (``Engine.push``). It never gives up on a broker: after a failed connect or a lost
-connection it waits a jittered, growing delay and connects again with a fresh client, counting
-``connects``, ``disconnects`` and ``connect_failures``. Messages published while no connection is up are
-lost at QoS 0 (with QoS 1/2 and a fixed ``client_id`` the broker may keep them for the session).
+``MqttSource`` decodes each message with a ``PayloadDecoder`` and hands the samples to a sink (``Engine.push``).
+Its connection is :func:`streamcorr.transport.mqtt.keep_connected`: it never gives up on a broker, reconnecting
+after jittered, growing delays with a fresh client and counting ``connects``, ``disconnects`` and
+``connect_failures`` in its ledger. Messages published while no connection is up are lost at QoS 0 (with QoS 1/2
+and a fixed ``client_id`` the broker may keep them for the session).
 
 Backpressure: received messages wait in a queue of at most ``queue_size`` messages and ``queue_bytes``
 bytes (topics and payloads). When either is reached the arriving message is discarded undecoded and
@@ -17,86 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import ssl
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import aiomqtt
 
+from ..config import MqttConnection
 from ..errors import ConfigError
+from ..transport.mqtt import check_settings, keep_connected, make_client
 from .payload import PayloadDecoder
 from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
 
-__all__ = ["MqttSettings", "MqttSource", "MqttTls", "jittered_backoff", "make_client"]
+__all__ = ["MqttSource"]
 
 log = logging.getLogger("streamcorr.ingest.mqtt")
 
 _BATCH_MAX = 1000  # messages decoded before the sink is called (only reached while behind)
 _BATCH_S = 0.01  # longest a batch keeps gathering
-
-
-@dataclass(frozen=True)
-class MqttTls:
-    ca_file: str | None = None  # None: the system trust store
-    cert_file: str | None = None  # client certificate, for brokers that require one
-    key_file: str | None = None
-    insecure: bool = False  # skip host-name verification (test brokers only)
-
-    def context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca_file)
-        if self.cert_file:
-            ctx.load_cert_chain(self.cert_file, self.key_file)
-        if self.insecure:
-            ctx.check_hostname = False
-        return ctx
-
-
-@dataclass(frozen=True)
-class MqttSettings:
-    host: str = "127.0.0.1"
-    port: int = 1883
-    client_id: str | None = None  # None: the broker assigns one
-    username: str | None = None
-    password: str | None = None
-    tls: MqttTls | None = None
-    keepalive_s: int = 30
-    qos: int = 0
-    timeout_s: float = 10.0
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
-
-
-def make_client(
-    settings: MqttSettings, *, will: aiomqtt.Will | None = None, max_queued_in: int | None = None
-) -> aiomqtt.Client:
-    """A fresh client for one connection attempt (aiomqtt clients are not reusable after a failure)."""
-    return aiomqtt.Client(**_client_kwargs(settings), will=will, max_queued_incoming_messages=max_queued_in)
-
-
-def _client_kwargs(settings: MqttSettings) -> dict[str, Any]:
-    """aiomqtt.Client arguments from the settings (shared by make_client and the source's own factory)."""
-    return {
-        "hostname": settings.host,
-        "port": settings.port,
-        "identifier": settings.client_id,
-        "username": settings.username,
-        "password": settings.password,
-        "tls_context": settings.tls.context() if settings.tls else None,
-        "tls_insecure": settings.tls.insecure if settings.tls else None,
-        "keepalive": settings.keepalive_s,
-        "timeout": settings.timeout_s,
-    }
-
-
-def jittered_backoff(min_s: float, max_s: float, rng: random.Random | None = None) -> Iterator[float]:
-    """Delays before reconnect attempts: exponential up to max_s, each drawn uniformly in [d/2, d]."""
-    rng = rng or random.Random()
-    delay = min_s
-    while True:
-        yield rng.uniform(delay / 2, delay)
-        delay = min(max_s, delay * 2)
 
 
 def _message_bytes(message: aiomqtt.Message) -> int:
@@ -121,7 +56,9 @@ def check_topic_filter(topic: str) -> None:
 class MqttSource:
     """Subscribes to MQTT topic filters and feeds decoded samples to a sink, reconnecting forever.
 
-    >>> src = MqttSource(settings=MqttSettings(port=1883), topics=["robot/+/imu"],
+    ``settings`` is the connection: an ``MqttConnection``, or a source's config section built on it.
+
+    >>> src = MqttSource(settings=MqttConnection(port=1883), topics=["robot/+/imu"],
     ...                  decoder=PayloadDecoder(), sink=lambda ch, t, v: len(t))
     >>> src.connected, src.counters.connects
     (False, 0)
@@ -132,7 +69,7 @@ class MqttSource:
     def __init__(
         self,
         *,
-        settings: MqttSettings,
+        settings: MqttConnection,
         topics: list[str],
         decoder: PayloadDecoder,
         sink: SampleSink,
@@ -143,18 +80,11 @@ class MqttSource:
             raise ConfigError("topics is empty; give at least one MQTT topic filter, e.g. 'sensors/#'")
         for topic in topics:
             check_topic_filter(topic)
-        if settings.qos not in (0, 1, 2):
-            raise ConfigError(f"MQTT qos must be 0, 1 or 2; got {settings.qos}")
         if queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1 message; got {queue_size}")
         if queue_bytes < 1:
             raise ConfigError(f"queue_bytes must be >= 1 byte; got {queue_bytes}")
-        if not 0 < settings.reconnect_min_s <= settings.reconnect_max_s:
-            raise ConfigError(
-                f"need 0 < reconnect_min_s <= reconnect_max_s; got {settings.reconnect_min_s}, "
-                f"{settings.reconnect_max_s}"
-            )
-        self.settings = settings
+        self.settings = check_settings(settings)
         self.topics = list(topics)
         self.decoder = decoder
         self.sink = sink
@@ -172,33 +102,27 @@ class MqttSource:
         return 0 if self._queue is None else self._queue.qsize()
 
     async def run(self) -> None:
-        """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning."""
-        s = self.settings
-        delays = jittered_backoff(s.reconnect_min_s, s.reconnect_max_s)
-        while True:
-            client = aiomqtt.Client(**_client_kwargs(s), queue_type=self._queue_type())
-            was_connected = False
-            try:
-                async with client:
-                    was_connected = True
-                    self.counters.connects += 1
-                    for topic in self.topics:
-                        await self._subscribe(client, topic)
-                    self.connected = True
-                    delays = jittered_backoff(s.reconnect_min_s, s.reconnect_max_s)  # healthy again: start low
-                    log.info("connected to %s:%d, subscribed to %s", s.host, s.port, self.topics)
-                    await self._consume(client)
-            except (aiomqtt.MqttError, OSError) as exc:
-                if was_connected:
-                    self.counters.disconnects += 1
-                    what = "lost connection to"
-                else:
-                    self.counters.connect_failures += 1
-                    what = "cannot connect to"
-                self._rate_log(logging.WARNING, what, "%s %s:%d: %s", what, s.host, s.port, exc)
-            finally:
-                self.connected = False
-            await asyncio.sleep(next(delays))
+        """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning.
+        Raises ConfigError only for settings that cannot work (TLS files that cannot be read)."""
+        await keep_connected(
+            self.settings,
+            self._session,
+            counters=self.counters,
+            log=log,
+            name="MQTT source",
+            new_client=lambda: make_client(self.settings, queue_type=self._queue_type()),
+        )
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        try:
+            for topic in self.topics:
+                await self._subscribe(client, topic)
+            self.connected = True
+            log.info("connected to %s:%d, subscribed to %s", self.settings.host, self.settings.port, self.topics)
+            await self._consume(client)
+        finally:
+            self.connected = False
+        raise aiomqtt.MqttError("the message stream ended")  # only a lost connection ends it; never a goodbye
 
     async def _subscribe(self, client: aiomqtt.Client, topic: str) -> None:
         granted = await client.subscribe(topic, qos=self.settings.qos)

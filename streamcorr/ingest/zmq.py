@@ -31,6 +31,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import ConfigError
+from ..transport.zmq import attach, check_endpoint, make_socket
 from .payload import PayloadDecoder
 from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
 
@@ -69,8 +70,7 @@ class ZmqSource:
     ) -> None:
         if mode not in ("sub", "pull"):
             raise ConfigError(f"mode must be 'sub' or 'pull'; got {mode!r}")
-        if not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ConfigError(f"endpoint {endpoint!r} must start with tcp://, ipc:// or inproc://")
+        check_endpoint(endpoint)
         if rcvhwm < 1:
             raise ConfigError(f"rcvhwm must be >= 1 message; got {rcvhwm}")
         topics = [""] if topics is None else list(topics)
@@ -108,11 +108,8 @@ class ZmqSource:
             actx = ctx
         else:
             actx = zmq.asyncio.Context.shadow(ctx.underlying)
-        sock = actx.socket(zmq.SUB if self.mode == "sub" else zmq.PULL)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
-        sock.setsockopt(zmq.LINGER, 0)
-        return sock
+        kind = zmq.SUB if self.mode == "sub" else zmq.PULL
+        return make_socket(actx, kind, hwm=self.rcvhwm, max_message_bytes=self.max_message_bytes)
 
     async def run(self) -> None:
         """Bind or connect, then receive until cancelled; ConfigError if the endpoint cannot be used."""
@@ -120,15 +117,8 @@ class ZmqSource:
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         watcher = asyncio.create_task(self._watch(monitor), name="zmq-source-monitor")
         try:
-            try:
-                if self.bind:
-                    sock.bind(self.endpoint)
-                    self.bound_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-                else:
-                    sock.connect(self.endpoint)
-            except zmq.ZMQError as exc:
-                verb = "bind" if self.bind else "connect"
-                raise ConfigError(f"cannot {verb} ZeroMQ socket to {self.endpoint!r}: {exc}") from exc
+            where = attach(sock, self.endpoint, bind=self.bind, what=f"ZeroMQ {self.mode} source")
+            self.bound_endpoint = where if self.bind else None
             if self.mode == "sub":
                 for topic in self.topics:
                     sock.setsockopt(zmq.SUBSCRIBE, topic.encode())

@@ -1,21 +1,21 @@
 """The MQTT sink: one connection kept up for as long as the publisher runs, fed from a bounded outbox.
 
 Retained ``{prefix}/status`` says whether the publisher is up: "online" on every connect, "offline" on
-:meth:`MqttPublisher.close` and, through the client's last will, when the connection dies without a
+:meth:`MqttPublisher.stop` and, through the client's last will, when the connection dies without a
 goodbye (crash, kill, network loss). Snapshots (and pair lists) are retained too, so a subscriber that
 arrives late gets the newest at once; events are not.
 
 Status ``seq`` numbers increase across everything one publisher sends, the last will included: the
 will is fixed at connect time, so each connection reserves a block of ``STATUS_SEQ_BLOCK`` numbers
-and the will (or the goodbye of :meth:`close`) takes the block's last one; the next connection
+and the will (or the goodbye of :meth:`stop`) takes the block's last one; the next connection
 continues above it. Status seq therefore jumps between connections (not a loss), and only a real
 restart of the publisher makes it go back.
 
 Outbox policy (``publish_*`` never wait for the network): one pending snapshot, the newest (a
 superseded one is counted in ``counters.dropped["snapshot"]``); up to ``queue_size`` events, the oldest
 dropped when full; one pending status, the newest. While the broker is away the outbox waits and the
-client reconnects after jittered, growing delays with a fresh client per attempt; ``run()`` never returns
-on broker loss.
+connection (:func:`streamcorr.transport.mqtt.keep_connected`) is retried after jittered, growing delays with a
+fresh client per attempt, until :meth:`MqttPublisher.stop`.
 """
 
 from __future__ import annotations
@@ -25,15 +25,16 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import aiomqtt
 
 from ..changes import ChangeEvent
+from ..config import MqttConnection
 from ..errors import ConfigError, StreamcorrError
-from ..ingest.mqtt import MqttSettings, jittered_backoff, make_client
-from ..logutil import RateLimitedLog, broker_hint
+from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
+from ..transport.mqtt import check_settings, check_tls, keep_connected, make_client
 from .envelope import (
     check_event,
     check_pair_selection,
@@ -54,32 +55,31 @@ STATUS_SEQ_BLOCK = 1 << 32  # status seqs reserved per connection; its last will
 
 
 class MqttPublisher:
-    """Publish snapshots, events and status to an MQTT broker, reconnecting for as long as it runs.
+    """Publish snapshots, events and status to an MQTT broker, reconnecting for as long as it runs (a Sink).
 
-    Use ``async with MqttPublisher(...) as pub:`` (runs the connection in a task, closes gracefully on
-    exit), or run ``await pub.run()`` yourself and ``await pub.close()`` to stop.
+    ``await pub.start()`` starts the connection in a task of its own and returns at once; ``await pub.stop()``
+    sends what is queued and "offline", then disconnects. ``async with MqttPublisher(...) as pub:`` does both.
+    ``settings`` is the connection: an ``MqttConnection``, or an output's config section built on it.
 
-    >>> pub = MqttPublisher(settings=MqttSettings(port=1), prefix="plant/line1", queue_size=2)
-    >>> pub.topics["status"], pub.connected
-    ('plant/line1/status', False)
+    >>> pub = MqttPublisher(settings=MqttConnection(port=1), prefix="plant/line1", queue_size=2)
+    >>> pub.topics["status"], pub.connected, pub.problem()
+    ('plant/line1/status', False, 'not started')
     """
 
     def __init__(
         self,
         *,
-        settings: MqttSettings,
+        settings: MqttConnection,
         prefix: str = "streamcorr",
         retain_snapshot: bool = True,
         queue_size: int = 256,
         top_k: int | None = None,
         threshold: float | None = None,
     ) -> None:
-        if not isinstance(settings, MqttSettings):
-            raise ConfigError(f"settings must be an MqttSettings; got {type(settings).__name__}")
+        self.settings = check_settings(settings)
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ConfigError(f"queue_size must be a positive number of events; got {queue_size!r}")
         check_pair_selection(top_k, threshold)
-        self.settings = settings
         self.prefix = check_prefix(prefix)
         self.retain_snapshot = retain_snapshot
         self.queue_size = queue_size
@@ -95,6 +95,7 @@ class MqttPublisher:
         self._closing = asyncio.Event()
         self._connected = asyncio.Event()
         self._run_task: asyncio.Task[None] | None = None
+        self._statuses = (0, 0)  # the connection being made: its "online" and its "offline" status seq
         self._warn = RateLimitedLog(log)
 
     @property
@@ -102,9 +103,23 @@ class MqttPublisher:
         return self._connected.is_set()
 
     @property
-    def pending(self) -> int:
+    def queue_depth(self) -> int:
         """Messages waiting in the outbox."""
         return len(self._events) + (self._snapshot is not None) + (self._status is not None)
+
+    def problem(self) -> str | None:
+        """Why it cannot publish now, or None while connected."""
+        task = self._run_task
+        if task is None:
+            return "not started"
+        if self._closing.is_set():
+            return "stopped"
+        if task.done():
+            exc = None if task.cancelled() else task.exception()
+            return "its connection loop stopped" + (f": {exc}" if exc else "")
+        if not self.connected:
+            return f"not connected to {self.settings.host}:{self.settings.port}"
+        return None
 
     async def wait_connected(self, timeout_s: float | None = None) -> bool:
         """True once connected (and "online" sent); False after timeout_s without a connection."""
@@ -239,72 +254,62 @@ class MqttPublisher:
         self.counters.sent[stream] += 1
 
     # -- the connection ------------------------------------------------------------------------------
-    def _backoff(self) -> Iterator[float]:
-        return jittered_backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s)
+    async def start(self) -> None:
+        """Start the connection task and return at once (``wait_connected`` waits for the broker). Raises
+        ConfigError for settings that cannot work (TLS files that cannot be read) and after :meth:`stop`."""
+        if self._closing.is_set():
+            raise ConfigError("this MqttPublisher was stopped; make a new one")
+        if self._run_task is not None and not self._run_task.done():
+            return
+        check_tls(self.settings)
+        self._run_task = asyncio.create_task(self._run(), name="streamcorr-mqtt-publisher")
 
-    async def run(self) -> None:
-        """Hold the connection and send the outbox until :meth:`close` (or cancellation)."""
-        me = asyncio.current_task()
-        if self._run_task is not None and self._run_task is not me and not self._run_task.done():
-            raise ConfigError("this MqttPublisher is already running")
-        self._run_task = me
-        delays = self._backoff()
-        where = f"{self.settings.host}:{self.settings.port}"
+    async def _run(self) -> None:
+        """Hold the connection and send the outbox until stop() (or cancellation)."""
         try:
-            while True:
-                # seq numbers for this connection's "online" and its "offline" (the will, or close()): the
-                # offline one ends a block above any status this connection sends, so a will published
-                # after later statuses still has the highest seq, and subscribers see no restart
-                online_seq, offline_seq = self._seq["status"] + 1, self._seq["status"] + STATUS_SEQ_BLOCK
-                offline = encode_status("offline", {}, seq=offline_seq, t_ns=self._last_t_ns)
-                will = aiomqtt.Will(self.topics["status"], offline, qos=self.settings.qos, retain=True)
-                up = False
-                try:
-                    async with make_client(self.settings, will=will) as client:
-                        up = True
-                        self.counters.connects += 1
-                        self._seq["status"] = online_seq
-                        delays = self._backoff()
-                        try:
-                            await self._session(client, online_seq, offline_seq)
-                        finally:  # the will may be out: the next connection's statuses start above it
-                            self._seq["status"] = offline_seq
-                    self.counters.disconnects += 1
-                    log.info("MQTT publisher closed (%s)", where)
-                    return
-                except Exception as exc:  # MqttError, OSError, or a bug: logged and counted, then a new connection
-                    self._connected.clear()
-                    if not isinstance(exc, aiomqtt.MqttError | OSError):
-                        self._warn(logging.ERROR, "bug", "MQTT publisher failed on %s; reconnecting", where,
-                                   exc_info=True)  # fmt: skip
-                    if up:
-                        self.counters.disconnects += 1
-                        log.warning("MQTT publisher lost %s: %s; reconnecting", where, exc)
-                    else:
-                        self.counters.connect_failures += 1
-                        self._warn.warning("connect", "MQTT publisher cannot connect to %s: %s; retrying%s", where,
-                                           exc, broker_hint(exc))  # fmt: skip
-                delay = next(delays)
-                if self._closing.is_set():
-                    await asyncio.sleep(delay)
-                else:  # a close() during the wait tries to connect at once, to deliver the goodbye
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._closing.wait(), delay)
+            await keep_connected(
+                self.settings,
+                self._session,
+                counters=self.counters,
+                log=log,
+                name="MQTT publisher",
+                new_client=self._new_client,
+                retry=(Exception,),  # a bug in one message's path must not end the sink: logged, then a new connection
+                wake=self._closing,  # a stop() during the wait tries to connect at once, to deliver the goodbye
+            )
+            log.info("MQTT publisher closed (%s:%d)", self.settings.host, self.settings.port)
         finally:
             self._connected.clear()
 
-    async def _session(self, client: aiomqtt.Client, online_seq: int, offline_seq: int) -> None:
+    def _new_client(self) -> aiomqtt.Client:
+        # seq numbers for this connection's "online" and its "offline" (the will, or stop()): the offline one ends
+        # a block above any status this connection sends, so a will published after later statuses still has the
+        # highest seq, and subscribers see no restart
+        online_seq, offline_seq = self._seq["status"] + 1, self._seq["status"] + STATUS_SEQ_BLOCK
+        self._statuses = online_seq, offline_seq
+        offline = encode_status("offline", {}, seq=offline_seq, t_ns=self._last_t_ns)
+        will = aiomqtt.Will(self.topics["status"], offline, qos=self.settings.qos, retain=True)
+        return make_client(self.settings, will=will)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
         """One connection: "online", the outbox until closing, then "offline" (a clean disconnect sends no will)."""
+        online_seq, offline_seq = self._statuses
+        self._seq["status"] = online_seq
         status, qos = self.topics["status"], self.settings.qos
-        online = encode_status("online", self.counters.as_dict(), seq=online_seq, t_ns=self._last_t_ns)
-        await client.publish(status, online, qos=qos, retain=True)
-        self.counters.sent["status"] += 1
-        self._connected.set()
-        log.info("MQTT publisher connected to %s:%d (prefix %r)", self.settings.host, self.settings.port, self.prefix)
-        await self._pump(client)
-        offline = encode_status("offline", self.counters.as_dict(), seq=offline_seq, t_ns=self._last_t_ns)
-        await client.publish(status, offline, qos=qos, retain=True)
-        self.counters.sent["status"] += 1
+        try:
+            online = encode_status("online", self.counters.as_dict(), seq=online_seq, t_ns=self._last_t_ns)
+            await client.publish(status, online, qos=qos, retain=True)
+            self.counters.sent["status"] += 1
+            self._connected.set()
+            log.info("MQTT publisher connected to %s:%d (prefix %r)", self.settings.host, self.settings.port,
+                     self.prefix)  # fmt: skip
+            await self._pump(client)
+            offline = encode_status("offline", self.counters.as_dict(), seq=offline_seq, t_ns=self._last_t_ns)
+            await client.publish(status, offline, qos=qos, retain=True)
+            self.counters.sent["status"] += 1
+        finally:  # the will may be out: the next connection's statuses start above it
+            self._seq["status"] = offline_seq
+            self._connected.clear()
 
     async def _pump(self, client: aiomqtt.Client) -> None:
         """Send the outbox as it fills; return when closing and empty; raise MqttError on a lost connection."""
@@ -333,7 +338,7 @@ class MqttPublisher:
         async for _ in client.messages:
             pass
 
-    async def close(self, timeout_s: float = 5.0) -> None:
+    async def stop(self, timeout_s: float = 5.0) -> None:
         """Send what is queued (the final snapshot included) and a retained "offline" status, then disconnect.
         After timeout_s without a connection to do that on, stop anyway (the broker's will says "offline")."""
         self._closing.set()
@@ -344,7 +349,7 @@ class MqttPublisher:
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout_s)
         except TimeoutError:
-            left = self.pending
+            left = self.queue_depth
             self.counters.dropped["snapshot"] += self._snapshot is not None
             self.counters.dropped["event"] += len(self._events)
             log.warning(
@@ -355,12 +360,11 @@ class MqttPublisher:
                 await task
 
     async def __aenter__(self) -> MqttPublisher:
-        if self._run_task is None or self._run_task.done():
-            self._run_task = asyncio.create_task(self.run(), name="streamcorr-mqtt-publisher")
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        await self.stop()
 
     def __repr__(self) -> str:
         state = "connected" if self.connected else "not connected"

@@ -20,6 +20,8 @@ Two ways to consume, one per subscriber:
 - asyncio: ``async with Subscriber(url) as sub:`` then ``async for snap in sub.snapshots():``;
 - plain scripts: ``with Subscriber(url) as sub:`` then ``for snap in sub.iter_snapshots(timeout_s=10):``
   (the client runs on an event loop in a background thread).
+
+The network side, one function per transport, is in :mod:`streamcorr.publish.subscriber_receive`.
 """
 
 from __future__ import annotations
@@ -34,18 +36,19 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-import aiomqtt
-import zmq
 import zmq.asyncio
+from pydantic import ValidationError
 
 from ..changes import ChangeEvent
+from ..config import MqttConnection, Tls
 from ..errors import ConfigError, StreamcorrError
-from ..ingest.mqtt import MqttSettings, MqttTls, jittered_backoff, make_client
-from ..logutil import RateLimitedLog, broker_hint
+from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
-from .envelope import MAX_ENVELOPE_BYTES, STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
+from ..transport.mqtt import check_settings
+from .envelope import STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
+from .subscriber_receive import receive_mqtt, receive_zmq
 
 __all__ = ["Subscriber", "SubscriberCounters"]
 
@@ -81,8 +84,8 @@ class Subscriber:
     """Receive a streamcorr publisher's snapshots, events and status over MQTT or ZeroMQ.
 
     ``url`` is ``mqtt://[user:password@]host[:port]`` (``mqtts://`` for TLS) or ``tcp://host:port`` (a
-    ZeroMQ PUB endpoint). ``settings`` supplies the other MQTT options; host and port come from the URL
-    (port 1883, or 8883 for mqtts, when it has none).
+    ZeroMQ PUB endpoint). ``settings`` (an ``MqttConnection``) supplies the other MQTT options; host and port
+    come from the URL (port 1883, or 8883 for mqtts, when it has none).
     ``streams`` picks the topics: any of "snapshot" or "pairs" (not both), "event", "status".
 
     >>> sub = Subscriber("tcp://127.0.0.1:5556", prefix="plant")
@@ -99,19 +102,12 @@ class Subscriber:
         late_join: bool = True,
         queue_size: int = 64,
         streams: Collection[str] = ("snapshot", "event", "status"),
-        settings: MqttSettings | None = None,
+        settings: MqttConnection | None = None,
         context: zmq.asyncio.Context | None = None,
         request_timeout_s: float = 2.0,
         start_timeout_s: float = 5.0,
     ) -> None:
-        if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-            raise ConfigError(f"queue_size must be a positive number of messages; got {queue_size!r}")
-        streams = tuple(streams)
-        unknown = set(streams) - set(STREAMS)
-        if unknown or not streams or len(set(streams)) != len(streams):
-            raise ConfigError(f"streams must be distinct names from {STREAMS}; got {streams}")
-        if "snapshot" in streams and "pairs" in streams:
-            raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
+        streams = _check_streams(streams, queue_size)
         self.prefix = check_prefix(prefix)
         self.queue_size = queue_size
         self.late_join = late_join
@@ -121,42 +117,7 @@ class Subscriber:
         self._stream_of = {topic(prefix, s): s for s in streams}
         self._context = context
         self.url = url
-        self.settings: MqttSettings | None = None
-        self.snapshot_url: str | None = None
-        parts = urlsplit(url)
-        self.transport: Literal["mqtt", "zmq"]
-        if parts.scheme in ("mqtt", "mqtts"):
-            self.transport = "mqtt"
-            tls = parts.scheme == "mqtts"
-            base = settings or MqttSettings()
-            try:
-                port = parts.port or (8883 if tls else 1883)
-            except ValueError as exc:
-                raise ConfigError(f"bad port in {url!r}: {exc}") from exc
-            self.settings = dataclasses.replace(
-                base,
-                host=parts.hostname or base.host,
-                port=port,
-                username=parts.username or base.username,
-                password=parts.password or base.password,
-                tls=base.tls or (MqttTls() if tls else None),
-            )
-        elif parts.scheme in ("tcp", "ipc"):
-            self.transport = "zmq"
-            if settings is not None:
-                raise ConfigError("settings are MQTT options; this url is ZeroMQ")
-            self.snapshot_url = snapshot_url
-            if snapshot_url is None and parts.scheme == "tcp":
-                try:
-                    zmq_port = parts.port
-                except ValueError as exc:
-                    raise ConfigError(f"bad port in {url!r}: {exc}") from exc
-                if zmq_port is None:
-                    raise ConfigError(f"a ZeroMQ url needs a port, e.g. tcp://127.0.0.1:5556; got {url!r}")
-                host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
-                self.snapshot_url = f"tcp://{host}:{zmq_port + 1}"  # the publisher's default pairing
-        else:
-            raise ConfigError(f"url must start with mqtt://, mqtts://, tcp:// or ipc://; got {url!r}")
+        self.transport, self.settings, self.snapshot_url = _parse_url(url, settings, snapshot_url)
         self.counters = SubscriberCounters()
         self._last_seq: dict[str, int] = {}
         self._status: Status | None = None
@@ -251,11 +212,18 @@ class Subscriber:
 
     # -- transports (run on the client's event loop) ------------------------------------------------
     async def _run_client(self) -> None:
+        # status first: its retained or cached copy must arrive before the snapshot it qualifies
+        order = sorted(self.topics, key=lambda name: self._stream_of[name] != "status")
         try:
             if self.transport == "zmq":
-                await self._run_zmq()
+                latest = self.snapshot_url if self.late_join else None
+                await receive_zmq(self.url, order, self._handle, self._ready, self.counters, context=self._context,
+                                  rcvhwm=self.queue_size, latest_url=latest,
+                                  request_timeout_s=self.request_timeout_s)  # fmt: skip
             else:
-                await self._run_mqtt()
+                assert self.settings is not None
+                await receive_mqtt(self.settings, order, self._handle, self._ready, self.counters,
+                                   max_queued_in=max(256, 4 * self.queue_size))  # fmt: skip
         except asyncio.CancelledError:
             raise
         except StreamcorrError as exc:  # a bad endpoint: start() raises it
@@ -268,92 +236,6 @@ class Subscriber:
             self._ready.clear()
             for key in self._queues:
                 self._offer(key, _CLOSED)
-
-    async def _run_zmq(self) -> None:
-        own = self._context is None
-        ctx = zmq.asyncio.Context() if self._context is None else self._context
-        sock = ctx.socket(zmq.SUB)
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, self.queue_size)  # beyond it libzmq drops, which shows as gaps
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_ENVELOPE_BYTES + 1024)
-            try:
-                sock.connect(self.url)
-            except zmq.ZMQError as exc:
-                raise ConfigError(f"cannot connect to {self.url}: {exc}") from exc
-            for name in self.topics:
-                sock.setsockopt(zmq.SUBSCRIBE, name.encode())
-            if self.late_join and self.snapshot_url:
-                await self._ask_latest(ctx)
-            self._ready.set()
-            while True:
-                frames = await sock.recv_multipart()
-                if len(frames) != 2:
-                    self.counters.bad += 1
-                    self._warn.warning("frames", "a ZeroMQ message of %d frames (expected 2), ignored", len(frames))
-                    continue
-                self._handle(frames[0].decode("utf-8", "replace"), frames[1], replay=False)
-        finally:
-            sock.close(linger=0)
-            if own:
-                ctx.term()  # every socket is closed with linger 0: returns at once
-
-    async def _ask_latest(self, ctx: zmq.asyncio.Context) -> None:
-        assert self.snapshot_url is not None
-        req = ctx.socket(zmq.REQ)
-        try:
-            req.setsockopt(zmq.LINGER, 0)
-            req.setsockopt(zmq.MAXMSGSIZE, 4 * MAX_ENVELOPE_BYTES)
-            req.connect(self.snapshot_url)
-            await req.send(b"latest")
-            if not await req.poll(timeout=int(self.request_timeout_s * 1000)):
-                self.counters.late_join_failures += 1
-                log.warning("no answer from %s in %.1f s: starting without the latest snapshot",
-                            self.snapshot_url, self.request_timeout_s)  # fmt: skip
-                return
-            frames = await req.recv_multipart()
-            self.counters.late_joins += 1
-            pairs = [(frames[k].decode("utf-8", "replace"), frames[k + 1]) for k in range(0, len(frames) - 1, 2)]
-            pairs.sort(key=lambda tp: self._stream_of.get(tp[0]) != "status")  # status first, as for MQTT
-            for topic_name, payload in pairs:
-                self._handle(topic_name, payload, replay=True)
-        except zmq.ZMQError as exc:
-            self.counters.late_join_failures += 1
-            log.warning("asking %s for the latest snapshot failed: %s", self.snapshot_url, exc)
-        finally:
-            req.close(linger=0)
-
-    async def _run_mqtt(self) -> None:
-        settings = self.settings
-        assert settings is not None
-        where = f"{settings.host}:{settings.port}"
-        delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
-        while True:
-            up = False
-            try:
-                # aiomqtt's own queue only bridges to ours; overflow there shows as gaps
-                async with make_client(settings, max_queued_in=max(256, 4 * self.queue_size)) as client:
-                    up = True
-                    self.counters.connects += 1
-                    delays = jittered_backoff(settings.reconnect_min_s, settings.reconnect_max_s)
-                    # status first: its retained copy must arrive before the retained snapshot it qualifies
-                    order = sorted(self.topics, key=lambda name: self._stream_of[name] != "status")
-                    await client.subscribe([(name, settings.qos) for name in order])
-                    self._ready.set()
-                    log.info("subscribed to %s on %s", ", ".join(self.topics), where)
-                    async for m in client.messages:
-                        payload = m.payload if isinstance(m.payload, bytes) else b""
-                        self._handle(m.topic.value, payload, replay=m.retain)
-            except (aiomqtt.MqttError, OSError) as exc:
-                self._ready.clear()
-                if up:
-                    self.counters.disconnects += 1
-                    log.warning("subscriber lost %s: %s; reconnecting", where, exc)
-                else:
-                    self.counters.connect_failures += 1
-                    self._warn.warning("connect", "subscriber cannot connect to %s: %s; retrying%s", where, exc,
-                                       broker_hint(exc))  # fmt: skip
-            await asyncio.sleep(next(delays))
 
     # -- asyncio use ----------------------------------------------------------------------------------
     def _set_mode(self, mode: Literal["async", "thread"]) -> bool:
@@ -508,3 +390,60 @@ class Subscriber:
 
     def __repr__(self) -> str:
         return f"Subscriber({self.url!r}, prefix={self.prefix!r}, ready={self.ready}, gaps={self.gaps})"
+
+
+def _check_streams(streams: Collection[str], queue_size: int) -> tuple[str, ...]:
+    """The streams as a tuple, checked, with the queue size; ConfigError naming the fix otherwise."""
+    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+        raise ConfigError(f"queue_size must be a positive number of messages; got {queue_size!r}")
+    streams = tuple(streams)
+    unknown = set(streams) - set(STREAMS)
+    if unknown or not streams or len(set(streams)) != len(streams):
+        raise ConfigError(f"streams must be distinct names from {STREAMS}; got {streams}")
+    if "snapshot" in streams and "pairs" in streams:
+        raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
+    return streams
+
+
+def _parse_url(
+    url: str, settings: MqttConnection | None, snapshot_url: str | None
+) -> tuple[Literal["mqtt", "zmq"], MqttConnection | None, str | None]:
+    """(transport, MQTT connection, late-joiner url) for a Subscriber's url; ConfigError for one it cannot use."""
+    parts = urlsplit(url)
+    if parts.scheme in ("mqtt", "mqtts"):
+        return "mqtt", _mqtt_connection(parts, url, settings), None
+    if parts.scheme not in ("tcp", "ipc"):
+        raise ConfigError(f"url must start with mqtt://, mqtts://, tcp:// or ipc://; got {url!r}")
+    if settings is not None:
+        raise ConfigError("settings are MQTT options; this url is ZeroMQ")
+    if snapshot_url is None and parts.scheme == "tcp":
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+        if port is None:
+            raise ConfigError(f"a ZeroMQ url needs a port, e.g. tcp://127.0.0.1:5556; got {url!r}")
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        snapshot_url = f"tcp://{host}:{port + 1}"  # the publisher's default pairing
+    return "zmq", None, snapshot_url
+
+
+def _mqtt_connection(parts: SplitResult, url: str, settings: MqttConnection | None) -> MqttConnection:
+    """Host, port, login and TLS from the url; everything else from ``settings``."""
+    tls = parts.scheme == "mqtts"
+    base = MqttConnection() if settings is None else check_settings(settings)
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError as exc:
+        raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+    fields = base.model_dump(include=set(MqttConnection.model_fields)) | {
+        "host": parts.hostname or base.host,
+        "port": port,
+        "username": parts.username or base.username,
+        "password": parts.password or base.password,
+        "tls": base.tls or (Tls() if tls else None),
+    }
+    try:
+        return MqttConnection.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError(f"bad MQTT settings from {url!r}: {exc.errors()[0]['msg']}") from None

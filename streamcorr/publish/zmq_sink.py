@@ -27,6 +27,7 @@ from ..changes import ChangeEvent
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
+from ..transport.zmq import attach, check_endpoint, make_socket
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
 from .sinks import SinkCounters
 
@@ -36,11 +37,10 @@ log = logging.getLogger("streamcorr.publish.zmq")
 
 MAX_REQUEST_BYTES = 4096  # late-joiner requests carry nothing; bigger ones are refused by libzmq
 CLOSE_LINGER_MS = 200  # time the final "offline" status gets to leave at stop()
-_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 class ZmqPublisher:
-    """Publish snapshots, events and status on a ZeroMQ PUB socket (bound to 127.0.0.1 by default).
+    """Publish snapshots, events and status on a ZeroMQ PUB socket (bound to 127.0.0.1 by default); a Sink.
 
     >>> import asyncio
     >>> async def main():
@@ -63,9 +63,9 @@ class ZmqPublisher:
         threshold: float | None = None,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
-        for name, value in (("endpoint", endpoint), ("snapshot_endpoint", snapshot_endpoint)):
-            if value is not None and not (isinstance(value, str) and value.startswith(_SCHEMES)):
-                raise ConfigError(f"{name} must start with one of {_SCHEMES}; got {value!r}")
+        check_endpoint(endpoint)
+        if snapshot_endpoint is not None:
+            check_endpoint(snapshot_endpoint, "snapshot_endpoint")
         if isinstance(sndhwm, bool) or not isinstance(sndhwm, int) or sndhwm < 1:
             raise ConfigError(f"sndhwm must be a positive number of messages; got {sndhwm!r}")
         if context is not None and not isinstance(context, zmq.asyncio.Context):
@@ -87,11 +87,22 @@ class ZmqPublisher:
         self._seq = dict.fromkeys(self._topics, 0)
         self._latest: dict[str, bytes] = {}  # stream -> newest envelope, for late joiners
         self._last_t_ns: int | None = None
+        self._stopped = False
         self._warn = RateLimitedLog(log)
 
     @property
     def pairs_enabled(self) -> bool:
         return self.top_k is not None or self.threshold is not None
+
+    @property
+    def queue_depth(self) -> int:
+        return 0  # PUB never waits: what a subscriber cannot take is dropped inside libzmq (a seq gap there)
+
+    def problem(self) -> str | None:
+        """Why it cannot publish now ("not started", "stopped"), or None once bound."""
+        if self._pub is not None:
+            return None
+        return "stopped" if self._stopped else "not started"
 
     async def __aenter__(self) -> ZmqPublisher:
         await self.start()
@@ -107,30 +118,21 @@ class ZmqPublisher:
         ctx = self._context
         if ctx is None:
             ctx = self._own_context = zmq.asyncio.Context()
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.SNDHWM, self.sndhwm)
-        pub.setsockopt(zmq.LINGER, 0)
+        pub = make_socket(ctx, zmq.PUB, hwm=self.sndhwm)
         rep: zmq.asyncio.Socket | None = None
         try:
-            if self.bind:
-                pub.bind(self.endpoint)
-                self.endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            else:
-                pub.connect(self.endpoint)
+            self.endpoint = attach(pub, self.endpoint, bind=self.bind, what="ZeroMQ publisher")
             if self.snapshot_endpoint is not None:
-                rep = ctx.socket(zmq.REP)
-                rep.setsockopt(zmq.LINGER, 0)
-                rep.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-                rep.bind(self.snapshot_endpoint)
-                self.snapshot_endpoint = rep.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
+                rep = make_socket(ctx, zmq.REP, max_message_bytes=MAX_REQUEST_BYTES)
+                self.snapshot_endpoint = attach(rep, self.snapshot_endpoint, bind=True, what="late-joiner cache")
+        except ConfigError:
             pub.close(0)
             if rep is not None:
                 rep.close(0)
             await self._term_context()
-            msg = f"cannot {'bind' if self.bind else 'connect'} the ZeroMQ publisher ({exc}); is the port in use?"
-            raise ConfigError(msg) from exc
+            raise
         self._pub, self._rep = pub, rep
+        self._stopped = False
         if rep is not None:
             self._serve_task = asyncio.create_task(self._serve_latest(rep), name="streamcorr-zmq-latest")
         log.info("publishing on %s (late joiners: %s)", self.endpoint, self.snapshot_endpoint)
@@ -150,6 +152,7 @@ class ZmqPublisher:
         if self._rep is not None:
             self._rep.close(linger=0)
         self._pub = self._rep = None
+        self._stopped = True
         await self._term_context()
 
     async def _term_context(self) -> None:

@@ -1,0 +1,138 @@
+"""The Subscriber's receive halves, one per transport. Each hands every message to ``handle(topic, payload,
+replay=...)`` until cancelled, and sets ``ready`` while messages can arrive.
+
+- MQTT: :func:`streamcorr.transport.mqtt.keep_connected` with a session that subscribes to the topics in the
+  order given (the status topic first, so that its retained copy arrives before the retained snapshot it
+  qualifies) and reads; ``replay`` is the message's retain flag.
+- ZeroMQ: a SUB socket from :mod:`streamcorr.transport.zmq`, after one request to the publisher's last-value
+  cache for its newest snapshot and status (``replay=True``), so that a late joiner need not wait for a hop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import aiomqtt
+import zmq
+import zmq.asyncio
+
+from ..config import MqttConnection
+from ..logutil import RateLimitedLog
+from ..transport.mqtt import keep_connected, make_client
+from ..transport.zmq import attach, make_socket
+from .envelope import MAX_ENVELOPE_BYTES
+
+if TYPE_CHECKING:
+    from .subscriber import SubscriberCounters
+
+__all__ = ["Handle", "receive_mqtt", "receive_zmq"]
+
+log = logging.getLogger("streamcorr.subscriber")
+
+
+class Handle(Protocol):
+    """What receives each message: the Subscriber's decoding and routing."""
+
+    def __call__(self, topic_name: str, payload: bytes, *, replay: bool) -> None: ...
+
+
+async def receive_mqtt(
+    settings: MqttConnection,
+    topics: Sequence[str],
+    handle: Handle,
+    ready: threading.Event,
+    counters: SubscriberCounters,
+    *,
+    max_queued_in: int,
+) -> None:
+    """Subscribe to ``topics`` (in this order) and hand on every message, reconnecting until cancelled.
+    ``max_queued_in`` bounds aiomqtt's own queue, which only bridges to the Subscriber's: overflow shows as gaps."""
+
+    async def session(client: aiomqtt.Client) -> None:
+        try:
+            await client.subscribe([(name, int(settings.qos)) for name in topics])
+            ready.set()
+            log.info("subscribed to %s on %s:%d", ", ".join(topics), settings.host, settings.port)
+            async for m in client.messages:
+                handle(m.topic.value, m.payload if isinstance(m.payload, bytes) else b"", replay=m.retain)
+        finally:
+            ready.clear()
+        raise aiomqtt.MqttError("the message stream ended")  # only a lost connection ends it
+
+    await keep_connected(
+        settings,
+        session,
+        counters=counters,
+        log=log,
+        name="subscriber",
+        new_client=lambda: make_client(settings, max_queued_in=max_queued_in),
+    )
+
+
+async def receive_zmq(
+    url: str,
+    topics: Sequence[str],
+    handle: Handle,
+    ready: threading.Event,
+    counters: SubscriberCounters,
+    *,
+    context: zmq.asyncio.Context | None,
+    rcvhwm: int,
+    latest_url: str | None,
+    request_timeout_s: float,
+) -> None:
+    """Connect a SUB socket to ``url``, ask ``latest_url`` (if any) for the newest messages, then hand on every
+    message until cancelled. ConfigError if ``url`` cannot be connected to."""
+    warn = RateLimitedLog(log)
+    ctx = zmq.asyncio.Context() if context is None else context
+    # beyond rcvhwm libzmq drops, which shows as gaps
+    sock = make_socket(ctx, zmq.SUB, hwm=rcvhwm, max_message_bytes=MAX_ENVELOPE_BYTES + 1024)
+    try:
+        attach(sock, url, bind=False, what="subscriber")
+        for name in topics:
+            sock.setsockopt(zmq.SUBSCRIBE, name.encode())
+        if latest_url is not None:
+            for topic_name, payload in await _ask_latest(ctx, latest_url, request_timeout_s, counters, topics):
+                handle(topic_name, payload, replay=True)
+        ready.set()
+        while True:
+            frames = await sock.recv_multipart()
+            if len(frames) != 2:
+                counters.bad += 1
+                warn.warning("frames", "a ZeroMQ message of %d frames (expected 2), ignored", len(frames))
+                continue
+            handle(frames[0].decode("utf-8", "replace"), frames[1], replay=False)
+    finally:
+        ready.clear()
+        sock.close(linger=0)
+        if context is None:
+            ctx.term()  # every socket is closed with linger 0: returns at once
+
+
+async def _ask_latest(
+    ctx: zmq.asyncio.Context, url: str, timeout_s: float, counters: SubscriberCounters, topics: Sequence[str]
+) -> list[tuple[str, bytes]]:
+    """The last-value cache's (topic, envelope) pairs, in the order of ``topics``; none when it does not answer
+    within ``timeout_s`` (counted in ``late_join_failures`` and logged)."""
+    req = make_socket(ctx, zmq.REQ, max_message_bytes=4 * MAX_ENVELOPE_BYTES)
+    try:
+        req.connect(url)
+        await req.send(b"latest")
+        if not await req.poll(timeout=int(timeout_s * 1000)):
+            counters.late_join_failures += 1
+            log.warning("no answer from %s in %.1f s: starting without the latest snapshot", url, timeout_s)
+            return []
+        frames = await req.recv_multipart()
+        counters.late_joins += 1
+    except zmq.ZMQError as exc:
+        counters.late_join_failures += 1
+        log.warning("asking %s for the latest snapshot failed: %s", url, exc)
+        return []
+    finally:
+        req.close(linger=0)
+    pairs = [(frames[k].decode("utf-8", "replace"), frames[k + 1]) for k in range(0, len(frames) - 1, 2)]
+    rank = {name: k for k, name in enumerate(topics)}
+    return sorted(pairs, key=lambda tp: rank.get(tp[0], len(rank)))  # status first, as for MQTT
