@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamcorr.config import Payload, parse_config
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.payload import PayloadDecoder
 from tests.brokers import HOSTILE_DECODER, hostile_corpus
@@ -130,6 +131,23 @@ def test_other_config_errors():
     ):
         with pytest.raises(ConfigError):
             PayloadDecoder(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_come_from_the_payload_section_and_keywords_override_its_keys():
+    """PayloadDecoder reads a config.Payload (a source's section will do); keywords replace keys and are validated
+    like the configuration file, a bad one naming its key."""
+    np.random.default_rng(70)
+    section = parse_config(
+        {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:1", "time_unit": "ms"}]}
+    ).sources[0]
+    dec = PayloadDecoder(section, channel_template="{key}")
+    assert type(dec.settings) is Payload and (dec.settings.time_unit, dec.channel_template) == ("ms", "{key}")
+    assert decoded(dec, "s", b'{"t": 1500, "x": 2}') == {"x": ([1.5], [2.0])}
+    assert PayloadDecoder().settings == Payload()
+    with pytest.raises(ConfigError, match=r"max_topic_bytes: .* 65535 \(got 70000\)"):
+        PayloadDecoder(Payload(), max_topic_bytes=70_000)
+    with pytest.raises(ConfigError, match="time_units: not a decoder setting"):
+        PayloadDecoder(time_units="ms")
 
 
 def test_nan_null_inf_and_extremes():

@@ -14,8 +14,11 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from streamcorr.config import MqttConnection
 from streamcorr.errors import ConfigError
+from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import PayloadDecoder
+from streamcorr.ingest.source import Source
 from streamcorr.ingest.zmq import ZmqSource
 from tests.brokers import HOSTILE_CHANNELS, HOSTILE_DECODER, hostile_corpus, small_engine, stop, until, vm_rss_bytes
 
@@ -40,6 +43,15 @@ def test_config_errors():
         with pytest.raises(ConfigError):
             ZmqSource(**(ok | change))  # type: ignore[arg-type]
     ZmqSource(**ok | {"mode": "pull", "topics": []})  # type: ignore[arg-type]
+
+
+def test_both_sources_implement_the_source_protocol():
+    """ZmqSource and MqttSource are what the daemon drives every input through."""
+    np.random.default_rng(2)
+    zmq_src = ZmqSource(endpoint="tcp://127.0.0.1:1", decoder=PayloadDecoder(), sink=collect()[1])
+    mqtt_src = MqttSource(settings=MqttConnection(), topics=["a/#"], decoder=PayloadDecoder(), sink=collect()[1])
+    assert isinstance(zmq_src, Source) and isinstance(mqtt_src, Source)
+    assert (zmq_src.queue_depth, mqtt_src.queue_depth, zmq_src.connected, mqtt_src.connected) == (0, 0, False, False)
 
 
 def test_bind_conflict_is_config_error():

@@ -22,12 +22,12 @@ import zmq
 import zmq.asyncio
 
 from streamcorr.changes import ChangeEvent
-from streamcorr.config import MqttConnection
+from streamcorr.config import MqttConnection, Tls
 from streamcorr.errors import ConfigError, InputError
 from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, decode_message
 from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
-from streamcorr.publish.sinks import SinkCounters, engine_counters
+from streamcorr.publish.sinks import Sink, SinkCounters, engine_counters
 from streamcorr.publish.zmq_sink import ZmqPublisher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,7 +175,9 @@ def test_zmq_stop_sends_offline_and_a_taken_port_is_a_config_error():
     async def main():
         ctx = zmq.asyncio.Context()
         pub = ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=None, prefix="r", context=ctx)
+        assert pub.problem() == "not started"
         await pub.start()
+        assert pub.problem() is None and pub.queue_depth == 0
         sock = ctx.socket(zmq.SUB)
         sock.connect(pub.endpoint)
         sock.setsockopt(zmq.SUBSCRIBE, b"r/status")
@@ -183,6 +185,7 @@ def test_zmq_stop_sends_offline_and_a_taken_port_is_a_config_error():
         with pytest.raises(ConfigError, match="in use"):
             await ZmqPublisher(endpoint=pub.endpoint, snapshot_endpoint=None, context=ctx).start()
         await pub.stop()
+        assert pub.problem() == "stopped"
         frames = await asyncio.wait_for(sock.recv_multipart(), 5)
         sock.close(0)
         ctx.term()
@@ -192,6 +195,35 @@ def test_zmq_stop_sends_offline_and_a_taken_port_is_a_config_error():
     status, counters = asyncio.run(main())
     assert isinstance(status, Status) and status.state == "offline"
     assert counters.dropped["event"] == 1
+
+
+def test_both_publishers_are_sinks():
+    """ZmqPublisher and MqttPublisher implement the Sink protocol the daemon drives every output through."""
+    np.random.default_rng(12)
+    assert isinstance(ZmqPublisher(), Sink)
+    assert isinstance(MqttPublisher(settings=MqttConnection()), Sink)
+
+
+def test_mqtt_start_refuses_what_cannot_work_and_returns_at_once_otherwise(tmp_path):
+    """start() raises ConfigError for an unreadable CA file and after stop(); with no broker it returns at once
+    and problem() says why nothing is published."""
+    np.random.default_rng(13)
+    no_broker = MqttConnection(port=free_port(), reconnect_min_s=0.05, reconnect_max_s=0.1)
+
+    async def main() -> tuple[str | None, str | None]:
+        with pytest.raises(ConfigError, match="tls"):
+            bad_tls = no_broker.model_copy(update={"tls": Tls(ca_file=str(tmp_path / "missing.crt"))})
+            await MqttPublisher(settings=bad_tls).start()
+        pub = MqttPublisher(settings=no_broker)
+        await asyncio.wait_for(pub.start(), 1)
+        await until(lambda: pub.counters.connect_failures >= 1)
+        waiting = pub.problem()
+        await pub.stop(timeout_s=0.1)
+        with pytest.raises(ConfigError, match="stopped"):
+            await pub.start()
+        return waiting, pub.problem()
+
+    assert asyncio.run(main()) == (f"not connected to 127.0.0.1:{no_broker.port}", "stopped")
 
 
 def test_sink_constructors_and_publish_reject_bad_input():

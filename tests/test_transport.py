@@ -1,0 +1,121 @@
+"""streamcorr.transport: the one MQTT reconnecting loop (against Mosquitto and a closed port) and the ZeroMQ
+socket plumbing shared by the sources, the sinks and the Subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import aiomqtt
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from streamcorr.config import MqttConnection, Tls
+from streamcorr.errors import ConfigError
+from streamcorr.ingest.source import IngestCounters
+from streamcorr.transport.mqtt import check_settings, jittered_backoff, keep_connected
+from streamcorr.transport.zmq import attach, check_endpoint, make_socket
+from tests.brokers import free_port, until
+
+log = logging.getLogger("tests.transport")
+
+
+def test_jittered_backoff_doubles_up_to_its_ceiling_with_jitter_in_the_upper_half():
+    """Each delay lies in [d/2, d] for d = min_s, 2 min_s, ... capped at max_s."""
+    np.random.default_rng(70)
+    delays = jittered_backoff(0.1, 1.0, random.Random(70))
+    got = [next(delays) for _ in range(8)]
+    for k, d in enumerate(got):
+        ceiling = min(1.0, 0.1 * 2**k)
+        assert ceiling / 2 <= d <= ceiling
+
+
+def test_keep_connected_counts_each_failed_attempt_and_retries_until_cancelled():
+    """With nothing listening, every attempt is a connect failure; the loop only ends when cancelled."""
+    np.random.default_rng(71)
+    settings = MqttConnection(port=free_port(), reconnect_min_s=0.01, reconnect_max_s=0.02, timeout_s=1)
+    counters = IngestCounters()
+
+    async def session(client: aiomqtt.Client) -> None:
+        raise AssertionError("never connected")
+
+    async def main() -> None:
+        task = asyncio.create_task(keep_connected(settings, session, counters=counters, log=log, name="test"))
+        await until(lambda: counters.connect_failures >= 3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert counters.connects == 0 and counters.disconnects == 0
+
+
+def test_keep_connected_returns_when_the_session_says_goodbye(mqtt_broker):
+    """A session that returns ends the loop after a clean disconnect, counted once each way."""
+    np.random.default_rng(72)
+    settings = MqttConnection(host=mqtt_broker[0], port=mqtt_broker[1])
+    counters = IngestCounters()
+    sessions: list[aiomqtt.Client] = []
+
+    async def session(client: aiomqtt.Client) -> None:
+        sessions.append(client)
+
+    asyncio.run(asyncio.wait_for(keep_connected(settings, session, counters=counters, log=log, name="test"), 10))
+    assert len(sessions) == 1 and (counters.connects, counters.disconnects, counters.connect_failures) == (1, 1, 0)
+
+
+def test_keep_connected_retries_a_lost_session_with_a_fresh_client(mqtt_broker):
+    """A session that fails with MqttError is a lost connection: counted, then a new client connects."""
+    np.random.default_rng(73)
+    settings = MqttConnection(host=mqtt_broker[0], port=mqtt_broker[1], reconnect_min_s=0.01, reconnect_max_s=0.02)
+    counters = IngestCounters()
+    clients: list[aiomqtt.Client] = []
+
+    async def session(client: aiomqtt.Client) -> None:
+        clients.append(client)
+        if len(clients) < 3:
+            raise aiomqtt.MqttError("gone")
+
+    asyncio.run(asyncio.wait_for(keep_connected(settings, session, counters=counters, log=log, name="test"), 10))
+    assert len({id(c) for c in clients}) == 3
+    assert (counters.connects, counters.disconnects, counters.connect_failures) == (3, 3, 0)
+
+
+def test_unusable_tls_files_and_wrong_settings_are_config_errors(tmp_path):
+    """A CA file that does not exist stops the loop before it connects; settings must be an MqttConnection."""
+    np.random.default_rng(74)
+    settings = MqttConnection(port=free_port(), tls=Tls(ca_file=str(tmp_path / "missing.crt")))
+    counters = IngestCounters()
+
+    async def session(client: aiomqtt.Client) -> None:
+        raise AssertionError("never connected")
+
+    with pytest.raises(ConfigError, match="tls"):
+        asyncio.run(keep_connected(settings, session, counters=counters, log=log, name="test"))
+    assert counters.connect_failures == 0
+    with pytest.raises(ConfigError, match="MqttConnection"):
+        check_settings({"host": "127.0.0.1"})
+
+
+def test_zmq_plumbing_checks_endpoints_sets_limits_and_names_what_cannot_bind():
+    """Endpoints need a ZeroMQ scheme; sockets get linger 0 and their limits; a second bind names the endpoint."""
+    np.random.default_rng(75)
+    with pytest.raises(ConfigError, match="snapshot_endpoint must start with"):
+        check_endpoint("127.0.0.1:5557", "snapshot_endpoint")
+    ctx = zmq.asyncio.Context()
+    try:
+        sub = make_socket(ctx, zmq.SUB, hwm=7, max_message_bytes=1000)
+        pub = make_socket(ctx, zmq.PUB, hwm=9)
+        assert (sub.getsockopt(zmq.RCVHWM), sub.getsockopt(zmq.MAXMSGSIZE), sub.getsockopt(zmq.LINGER)) == (7, 1000, 0)
+        assert pub.getsockopt(zmq.SNDHWM) == 9
+        where = attach(pub, "tcp://127.0.0.1:*", bind=True, what="test publisher")
+        assert where.startswith("tcp://127.0.0.1:") and not where.endswith("*")
+        with pytest.raises(ConfigError, match=f"cannot bind to {where} \\(second publisher\\)"):
+            attach(make_socket(ctx, zmq.PUB), where, bind=True, what="second publisher")
+        assert attach(sub, where, bind=False, what="test subscriber") == where
+    finally:
+        ctx.destroy(linger=0)
