@@ -223,7 +223,7 @@ def test_mqtt_start_refuses_what_cannot_work_and_returns_at_once_otherwise(tmp_p
             await pub.start()
         return waiting, pub.problem()
 
-    assert asyncio.run(main()) == (f"not connected to 127.0.0.1:{no_broker.port}", "stopped")
+    assert asyncio.run(main()) == ("not connected", "stopped")
 
 
 def test_sink_constructors_and_publish_reject_bad_input():
@@ -451,7 +451,7 @@ def test_mqtt_publisher_reconnects_after_the_broker_restarts_and_never_gives_up(
         await until(lambda: not pub.connected)
         await pub.publish_snapshot(make_snapshot(rng, seq=1))  # waits in the outbox
         await until(lambda: pub.counters.connect_failures >= 3)
-        assert pub.problem() == f"not connected to 127.0.0.1:{port}" and pub.queue_depth == 1
+        assert pub.problem() == "not connected" and pub.queue_depth == 1
         await asyncio.get_running_loop().run_in_executor(None, start)
         assert await pub.wait_connected(5)
         await until(lambda: pub.counters.sent["snapshot"] == 1)

@@ -118,7 +118,7 @@ class MqttPublisher:
             exc = None if task.cancelled() else task.exception()
             return "its connection loop stopped" + (f": {exc}" if exc else "")
         if not self.connected:
-            return f"not connected to {self.settings.host}:{self.settings.port}"
+            return "not connected"  # the caller names the output; its log lines name the broker
         return None
 
     async def wait_connected(self, timeout_s: float | None = None) -> bool:
