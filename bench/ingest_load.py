@@ -292,14 +292,15 @@ async def run_zmq(seconds: float, evaluate_pairs: int, encoding: str) -> dict[st
 
 
 async def run_mqtt(seconds: float, evaluate_pairs: int, host: str, port: int, qos: int) -> dict[str, Any]:
-    from streamcorr.ingest.mqtt import MqttSettings, MqttSource
+    from streamcorr.config import MqttConnection
+    from streamcorr.ingest.mqtt import MqttSource
     from streamcorr.ingest.payload import PayloadDecoder
 
     prefix = f"streamcorr-bench/{uuid.uuid4().hex[:12]}"
     names = [f"imu{d}.{k}" for d in range(MQTT_DEVICES) for k in MQTT_KEYS]
     eng = _engine(names, MQTT_MSG_RATE / MQTT_DEVICES, evaluate_pairs)
     dec = PayloadDecoder(channel_template="{topic[2]}.{key}", format="json")
-    settings = MqttSettings(host=host, port=port, qos=qos)
+    settings = MqttConnection(host=host, port=port, qos=qos)
     src = MqttSource(settings=settings, topics=[f"{prefix}/+"], decoder=dec, sink=eng.push)
 
     def spawn(link: Any) -> Any:

@@ -21,17 +21,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from .config import Compute
 from .estimator import Estimator
 
 log = logging.getLogger("streamcorr.compute")
 
-__all__ = ["COUNTER_HELP", "GAUGES", "LocalEvaluator", "PairEvaluator", "build_evaluator"]
+__all__ = ["COUNTER_HELP", "GAUGES", "LocalEvaluator", "PairEvaluator"]
 
 COUNTER_HELP = {
     "pairs": "Pairs handed to the compute backend",
@@ -99,14 +97,3 @@ class LocalEvaluator:
 
     def close(self) -> None:
         return None
-
-
-def build_evaluator(settings: Compute, estimator: Mapping[str, Any], hop_s: float) -> PairEvaluator | None:
-    """The started backend for a ``compute`` section; None for ``local`` (the engine uses its own estimator)."""
-    if settings.backend == "local":
-        return None
-    from .compute_ray import RayEvaluator
-
-    ev = RayEvaluator(settings, estimator, hop_s)
-    ev.start()
-    return ev

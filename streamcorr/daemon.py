@@ -32,8 +32,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 
 from .cache import cache_dir_text
 from .changes import ChangeEvent, calibration_eta_s, null_windows
-from .compute import PairEvaluator, build_evaluator
-from .config import Config, MqttConnection, MqttSourceConfig, Outputs, ZmqSourceConfig, exposed_listeners
+from .compute import PairEvaluator
+from .config import Compute, Config, MqttConnection, MqttSourceConfig, Outputs, ZmqSourceConfig, exposed_listeners
 from .engine import Engine
 from .errors import ConfigError, StreamcorrError
 from .estimator import Estimator
@@ -47,7 +47,7 @@ from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.daemon")
 
-__all__ = ["OUTPUTS", "SOURCES", "Daemon", "SinkGuard"]
+__all__ = ["COMPUTE", "OUTPUTS", "SOURCES", "Daemon", "SinkGuard"]
 
 SHUTDOWN_FLUSH_S = 5.0  # longest a shutdown waits for windows already due
 SHUTDOWN_SINK_S = 5.0  # longest a shutdown waits for one sink's last snapshot and goodbye
@@ -140,9 +140,22 @@ def _record_output(r: Any, d: Daemon) -> Sink:
     return ParquetRecorder(**r.model_dump())
 
 
+def _ray_compute(c: Compute, estimator: Mapping[str, Any], hop_s: float) -> PairEvaluator:
+    from .compute_ray import RayEvaluator
+
+    ev = RayEvaluator(c, estimator, hop_s)
+    ev.start()
+    return ev
+
+
 SOURCES: dict[str, Callable[[Any, Daemon], Source]] = {"mqtt": _mqtt_source, "zmq": _zmq_source}
 OUTPUTS: dict[str, Callable[[Any, Daemon], Sink]] = {"zmq": _zmq_output, "mqtt": _mqtt_output,
                                                       "record": _record_output}  # fmt: skip
+# compute.backend -> the started backend; None: the engine's own estimator, in the hop's thread
+COMPUTE: dict[str, Callable[[Compute, Mapping[str, Any], float], PairEvaluator] | None] = {
+    "local": None,
+    "ray": _ray_compute,
+}
 assert set(OUTPUTS) == set(Outputs.model_fields) - {"status_interval_s"}, "every output section has a factory"
 
 
@@ -345,7 +358,8 @@ class Daemon:
             try:
                 hop_s = ec.hop_samples / ec.rate_hz  # the Ray backend's default deadline per hop
                 compute_starting.set()
-                self._compute = build_evaluator(self.cfg.compute, ec.estimator, hop_s)
+                start = COMPUTE[self.cfg.compute.backend]
+                self._compute = start(self.cfg.compute, ec.estimator, hop_s) if start else None
                 compute_starting.clear()
                 engine = Engine(ec, self._estimator, compute=self._compute)
             except BaseException as exc:  # delivered to run(), which reports it

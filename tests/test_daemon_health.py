@@ -170,7 +170,7 @@ def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(
     assert counters["mqtt0.seq_gaps"] == 3 and counters["mqtt0.seq_resets"] == 1
     assert counters["mqtt0.samples_accepted"] > 0 and counters["output.mqtt.sent.snapshot"] > 0
     assert "output.mqtt.dropped.snapshot" in counters and "output.mqtt.errors.snapshot" in counters
-    assert "web.clients_rejected" in counters and "http.header_timeouts" in counters
+    assert "output.web.clients_rejected" in counters and "http.header_timeouts" in counters
 
     async def late() -> Any:
         async with Subscriber(f"mqtt://{host}:{port}", prefix=f"{prefix}/out") as late_sub:
@@ -202,7 +202,7 @@ def test_healthz_reports_each_part_and_503s_when_the_broker_is_gone(tmp_path):
             _, body = _wait(lambda: (h := _health(http_port))[0] == 503 and h, "503 without broker", proc, 30)
             assert body["status"] == "degraded"
             assert "source mqtt0 not connected" in body["problems"]
-            assert "output mqtt not connected" in body["problems"]
+            assert "output mqtt: not connected" in body["problems"]
             broker.start()
             _wait(lambda: _health(http_port)[0] == 200, "healthy again", proc, 60)
     finally:
