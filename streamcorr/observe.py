@@ -22,7 +22,8 @@ from .matrix import Snapshot
 from .publish.sinks import SinkCounters
 
 if TYPE_CHECKING:
-    from .daemon import Daemon, SinkGuard
+    from .daemon import Daemon
+    from .parts import SinkGuard
 
 __all__ = ["DaemonMetrics", "health", "output_problem", "queue_depths", "status_counters"]
 
