@@ -6,7 +6,7 @@ Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served 
 - ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
 - ``GET /ws``            JSON text messages, one per frame, in the envelope's words (:mod:`.envelope`):
   ``kind`` is ``"snapshot"``, ``"event"`` (its ``change``: rise, fall, ...) or ``"status"`` (``state`` and
-  ``counters``, the page's status line: :func:`web_summary` of the counters published)
+  ``counters``, the page's status line: ``status_line(counters)``, by default :func:`web_summary`)
 - ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
 
 Every client has its own bounded outbox: the newest snapshot and the newest status replace unsent ones
