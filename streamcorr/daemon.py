@@ -167,6 +167,11 @@ class Daemon:
         return code == 200, body
 
     @property
+    def status_interval_s(self) -> float:
+        """How often every output gets an "online" status (outputs.status_interval_s)."""
+        return self.cfg.outputs.status_interval_s
+
+    @property
     def forwarder_stopped(self) -> bool:
         return self._forwarder is not None and self._forwarder.done()
 
@@ -371,7 +376,7 @@ class Daemon:
         self._forwarder = asyncio.create_task(
             forward(
                 engine, *self.outputs, _DaemonGauges(self),
-                status_interval_s=self.cfg.outputs.status_interval_s, status=self.status,
+                status_interval_s=self.status_interval_s, status=self.status,
             )
         )  # fmt: skip
         ingest = [asyncio.create_task(src.run(), name=f"source-{name}") for name, src in self.sources]
