@@ -8,6 +8,7 @@ Imports under ``if TYPE_CHECKING:`` are annotations only and do not count; impor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,18 @@ def test_no_module_is_longer_than_one_sitting():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_readme_architecture_names_every_module():
+    """README's Architecture section names every package module, and every module it names exists."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(?:streamcorr/)?([\w/]+\.py)", section)) - {"tests/test_architecture.py"}
+    names = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    names = {n for n in names if not n.startswith("demo/")}  # demo/ is named as a folder
+    resolved = set()
+    for short in named:  # "transport/zmq.py" or "buffers.py" name the package's module of that path
+        found = [n for n in names if n == short or n.endswith("/" + short)]
+        assert found, f"the section names {short}, which is not a module of the package"
+        resolved.update(found if len(found) == 1 else [short])
+    assert not names - resolved, f"modules the architecture section leaves out: {sorted(names - resolved)}"
