@@ -286,101 +286,24 @@ class RayEvaluator:
             return self._estimate(u, iu, iv, constant)
 
     def _estimate(self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray) -> np.ndarray:
-        ray, c = self._ray, self._counts
-        t_hop = t_start = time.perf_counter()
+        c = self._counts
+        t_start = time.perf_counter()
         deadline = time.monotonic() + self.hop_timeout_s
         iu = np.ascontiguousarray(iu, dtype=np.int64)
         iv = np.ascontiguousarray(iv, dtype=np.int64)
-        out = np.full(len(iu), np.nan)
         c["hops"] += 1
         c["pairs"] += len(iu)
         if not len(iu) or self._closing.is_set():
             c["cells_stale_last_hop"] = len(iu)
             c["cells_stale"] += len(iu)
-            return out
+            return np.full(len(iu), np.nan)
         self._upkeep()
         u = np.ascontiguousarray(u, dtype=np.float64)
         constant = np.ascontiguousarray(constant, dtype=bool)
-        shared = ray.put((u, constant))
+        hop = _Hop(self, self._ray.put((u, constant)), iu, iv, self._tile_step(len(iu)))
         c["object_store_bytes"] += u.nbytes + constant.nbytes
-        # at most tile_pairs, and small enough that every ready worker gets max_in_flight tiles of a small hop
-        fill = math.ceil(len(iu) / (max(1, len(self._ready)) * self.settings.max_in_flight))
-        step = min(self.settings.tile_pairs, max(MIN_TILE_PAIRS, fill))
-        queue = deque(_Tile(s, min(s + step, len(iu))) for s in range(0, len(iu), step))
-        pending: dict[Any, _Tile] = {}
-        busy_s = time.perf_counter() - t_hop  # head time not spent waiting
-
-        def submit() -> None:
-            while queue:
-                free = [w for w in self._ready if len(w.outstanding) < self.settings.max_in_flight]
-                if not free:
-                    return
-                w = min(free, key=lambda w: len(w.outstanding))
-                tile = queue.popleft()
-                tile.attempts += 1
-                ref = w.actor.estimate.remote(shared, iu[tile.start : tile.stop], iv[tile.start : tile.stop])
-                pending[ref] = tile
-                self._owner[ref] = w
-                w.outstanding.add(ref)
-                c["tiles"] += 1
-
-        def settle(ref: Any) -> None:
-            tile, w = pending.pop(ref), self._owner.pop(ref)
-            w.outstanding.discard(ref)
-            try:
-                mi, worker_s = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                self._lose(w, type(exc).__name__)
-                retry(tile)
-            except Exception as exc:
-                c["tile_errors"] += 1
-                self._log(logging.ERROR, "tile_error", "ray: a tile raised on worker %s: %s", w.info,
-                          str(exc)[:500])  # fmt: skip
-                retry(tile)
-            else:
-                if np.shape(mi) != (tile.stop - tile.start,):  # never a wrong cell: a malformed answer is a failure
-                    c["tile_errors"] += 1
-                    retry(tile)
-                    return
-                out[tile.start : tile.stop] = mi
-                c["worker_seconds"] += worker_s
-                w.tiles += 1
-
-        def retry(tile: _Tile) -> None:
-            if tile.attempts < MAX_ATTEMPTS:
-                queue.appendleft(tile)  # its pairs are the stalest of those left
-                c["tiles_retried"] += 1
-
-        submit()
-        while (pending or queue) and not self._closing.is_set():
-            remaining = deadline - time.monotonic()
-            # what can free a slot: this hop's tiles, those an earlier deadline left running, and a worker
-            # still loading (the replacement of a lost one) when none is ready
-            waitable = [*pending, *(r for r in self._abandoned if self._owner[r] in self._ready)]
-            if not self._ready:
-                waitable += list(self._joining)
-            if remaining <= 0 or not waitable:  # no worker left to wait for: the rest is stale
-                break
-            busy_s += time.perf_counter() - t_hop
-            ready, _ = ray.wait(waitable, num_returns=1, timeout=min(remaining, 0.25))
-            t_hop = time.perf_counter()
-            if ready:
-                ready, _ = ray.wait(waitable, num_returns=len(waitable), timeout=0)
-                for ref in ready:
-                    if ref in pending:
-                        settle(ref)
-                    elif ref in self._abandoned:
-                        self._reap(ref)
-                if any(ref in self._joining for ref in ready):
-                    self._upkeep(respawn=False)
-                submit()
-        for ref in pending:  # the deadline passed: cancel what is queued; what runs keeps its slot until it ends
-            try:
-                ray.cancel(ref)
-            except Exception as exc:
-                log.debug("ray.cancel: %s", exc)
-            self._abandoned.add(ref)
-        c["tiles_late"] += len(pending)
+        busy_s = (hop.t_waited - t_start) + hop.run(deadline)  # set-up, then the hop's time not spent waiting
+        out = hop.out
         stale = int(np.isnan(out).sum())
         c["cells_stale"] += stale
         c["cells_stale_last_hop"] = stale
@@ -388,10 +311,14 @@ class RayEvaluator:
         if stale:
             msg = "ray: %d of %d pairs not back within %.2f s (%d workers ready); they keep their previous value"
             self._log(logging.WARNING, "stale", msg, stale, len(out), self.hop_timeout_s, len(self._ready))
-        busy_s += time.perf_counter() - t_hop
         c["schedule_seconds"] += busy_s
         c["seconds"] += time.perf_counter() - t_start
         return out
+
+    def _tile_step(self, pairs: int) -> int:
+        """At most tile_pairs, and small enough that every ready worker gets max_in_flight tiles of a small hop."""
+        fill = math.ceil(pairs / (max(1, len(self._ready)) * self.settings.max_in_flight))
+        return min(self.settings.tile_pairs, max(MIN_TILE_PAIRS, fill))
 
     # -- state --------------------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
@@ -429,3 +356,100 @@ class RayEvaluator:
                 log.info("ray: the local instance is shut down")
             self._ray = None
             self._released.set()
+
+
+class _Hop:
+    """One hop's tiles on the pool: queued, in flight (ref -> tile) and merged into ``out`` (NaN: not back)."""
+
+    def __init__(self, ev: RayEvaluator, shared: Any, iu: np.ndarray, iv: np.ndarray, step: int) -> None:
+        self.ev, self.shared, self.iu, self.iv = ev, shared, iu, iv
+        self.out = np.full(len(iu), np.nan)
+        self.queue = deque(_Tile(s, min(s + step, len(iu))) for s in range(0, len(iu), step))
+        self.pending: dict[Any, _Tile] = {}
+        self.t_waited = time.perf_counter()  # when the last wait ended
+
+    def run(self, deadline: float) -> float:
+        """Submit, merge and resubmit until every tile is back or the deadline passes (then abandon the rest);
+        returns the head's busy seconds (not waiting)."""
+        ev, ray = self.ev, self.ev._ray
+        busy_s = 0.0
+        self.submit()
+        while (self.pending or self.queue) and not ev._closing.is_set():
+            remaining = deadline - time.monotonic()
+            # what can free a slot: this hop's tiles, those an earlier deadline left running, and a worker
+            # still loading (the replacement of a lost one) when none is ready
+            waitable = [*self.pending, *(r for r in ev._abandoned if ev._owner[r] in ev._ready)]
+            if not ev._ready:
+                waitable += list(ev._joining)
+            if remaining <= 0 or not waitable:  # no worker left to wait for: the rest is stale
+                break
+            busy_s += time.perf_counter() - self.t_waited
+            ready, _ = ray.wait(waitable, num_returns=1, timeout=min(remaining, 0.25))
+            self.t_waited = time.perf_counter()
+            if ready:
+                ready, _ = ray.wait(waitable, num_returns=len(waitable), timeout=0)
+                for ref in ready:
+                    if ref in self.pending:
+                        self.settle(ref)
+                    elif ref in ev._abandoned:
+                        ev._reap(ref)
+                if any(ref in ev._joining for ref in ready):
+                    ev._upkeep(respawn=False)
+                self.submit()
+        self.abandon()
+        return busy_s + time.perf_counter() - self.t_waited
+
+    def submit(self) -> None:
+        """Hand queued tiles to the least busy ready workers, each up to max_in_flight."""
+        ev = self.ev
+        while self.queue:
+            free = [w for w in ev._ready if len(w.outstanding) < ev.settings.max_in_flight]
+            if not free:
+                return
+            w = min(free, key=lambda w: len(w.outstanding))
+            tile = self.queue.popleft()
+            tile.attempts += 1
+            ref = w.actor.estimate.remote(self.shared, self.iu[tile.start : tile.stop], self.iv[tile.start : tile.stop])
+            self.pending[ref] = tile
+            ev._owner[ref] = w
+            w.outstanding.add(ref)
+            ev._counts["tiles"] += 1
+
+    def settle(self, ref: Any) -> None:
+        """Merge a tile that came back, or retry it (its worker died, it raised, its answer was malformed)."""
+        ev, c = self.ev, self.ev._counts
+        tile, w = self.pending.pop(ref), ev._owner.pop(ref)
+        w.outstanding.discard(ref)
+        try:
+            mi, worker_s = ev._ray.get(ref)
+        except ev._ray.exceptions.RayActorError as exc:
+            ev._lose(w, type(exc).__name__)
+            self.retry(tile)
+        except Exception as exc:
+            c["tile_errors"] += 1
+            ev._log(logging.ERROR, "tile_error", "ray: a tile raised on worker %s: %s", w.info, str(exc)[:500])
+            self.retry(tile)
+        else:
+            if np.shape(mi) != (tile.stop - tile.start,):  # never a wrong cell: a malformed answer is a failure
+                c["tile_errors"] += 1
+                self.retry(tile)
+                return
+            self.out[tile.start : tile.stop] = mi
+            c["worker_seconds"] += worker_s
+            w.tiles += 1
+
+    def retry(self, tile: _Tile) -> None:
+        if tile.attempts < MAX_ATTEMPTS:
+            self.queue.appendleft(tile)  # its pairs are the stalest of those left
+            self.ev._counts["tiles_retried"] += 1
+
+    def abandon(self) -> None:
+        """The deadline passed: cancel what is queued; what runs keeps its worker's slot until it ends."""
+        ev = self.ev
+        for ref in self.pending:
+            try:
+                ev._ray.cancel(ref)
+            except Exception as exc:
+                log.debug("ray.cancel: %s", exc)
+            ev._abandoned.add(ref)
+        ev._counts["tiles_late"] += len(self.pending)
