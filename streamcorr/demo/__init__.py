@@ -257,6 +257,53 @@ class _TerminalOutput:
         pass  # the terminal's stats line comes with each snapshot (stats())
 
 
+class _Feed:
+    """Streams the rig into the engine at ``speed`` x real time (a batch every 0.1 s of wall time), printing
+    the script's changes as they happen; keeps the rates and the Pearson window the views show."""
+
+    def __init__(self, rig: Rig, engine: Engine, speed: float, duration_s: float, view: TerminalView,
+                 title: str) -> None:  # fmt: skip
+        self.rig, self.engine, self.speed, self.view, self.title = rig, engine, speed, view, title
+        self.pearson = _PearsonWindow(rig.channels, engine.cfg.window_len)
+        self.frames_per_batch = max(1, round(speed * rig.rate_hz * 0.1))
+        self.total = round(duration_s * rig.rate_hz)
+        self.sent = 0
+        self.sample_rate, self.pair_rate = RecentRate(), RecentRate()  # over the last 10 s: what happens now
+
+    async def run(self) -> None:
+        rig, started = self.rig, time.monotonic()
+        script = list(rig.script)
+        while self.sent < self.total:
+            t, values = rig.arrays(min(self.frames_per_batch, self.total - self.sent))
+            self.sent += len(t)
+            for name, v in values.items():
+                self.engine.push(name, t, v)
+            self.pearson.add(values)
+            while script and t[-1] >= script[0].t_s:
+                self.view.console.print(f"script: {script.pop(0)}", style="bold magenta", highlight=False)
+            target = started + self.sent / (rig.rate_hz * self.speed)
+            await asyncio.sleep(max(0.0, target - time.monotonic()))
+
+    def stats(self) -> dict[str, Any]:
+        """The terminal's header: rates over the last 10 s, drops, and Pearson on the newest window."""
+        snap = self.engine.latest
+        return {
+            "title": self.title,
+            "samples_per_s": self.sample_rate.update(self.sent * len(self.rig.channels)),
+            "pairs_per_s": self.pair_rate.update(self.engine.counters.pairs_evaluated),
+            "drops": _drops(self.engine),
+            "pearson": self.pearson.matrix(snap.channels) if snap is not None else None,
+        }
+
+    def web_status(self) -> dict[str, int]:
+        """The web page's status line: the terminal's rates and drops."""
+        return {
+            "pairs_per_s": round(self.pair_rate.update(self.engine.counters.pairs_evaluated)),
+            "samples_per_s": round(self.sample_rate.update(self.sent * len(self.rig.channels))),
+            "dropped": sum(_drops(self.engine).values()),
+        }
+
+
 async def run_live_demo(
     *,
     seed: int = 0,
@@ -288,44 +335,8 @@ async def run_live_demo(
     cfg = demo_config(rig, **dict(engine_overrides or {}))
     engine = Engine(cfg, estimator or default_estimator())  # shared estimator: its null calibration is cached
     view = TerminalView(console, refresh_hz=refresh_hz)
-    pearson = _PearsonWindow(rig.channels, cfg.window_len)
-    tick_s = 0.1  # push a batch of frames every 0.1 s of wall time
-    frames_per_batch = max(1, round(speed * rig.rate_hz * tick_s))
-    total = round(duration * rig.rate_hz)
-    started = time.monotonic()
-    sent = 0
-    sample_rate, pair_rate = RecentRate(), RecentRate()  # over the last 10 s: what the engine does now
-
-    def stats() -> dict[str, Any]:
-        snap = engine.latest
-        return {
-            "title": f"streamcorr demo: simulated robot arm (seed {seed}, {speed:g}x real time)",
-            "samples_per_s": sample_rate.update(sent * len(rig.channels)),
-            "pairs_per_s": pair_rate.update(engine.counters.pairs_evaluated),
-            "drops": _drops(engine),
-            "pearson": pearson.matrix(snap.channels) if snap is not None else None,
-        }
-
-    async def produce() -> None:
-        nonlocal sent
-        script = list(rig.script)
-        while sent < total:
-            t, values = rig.arrays(min(frames_per_batch, total - sent))
-            sent += len(t)
-            for name, v in values.items():
-                engine.push(name, t, v)
-            pearson.add(values)
-            while script and t[-1] >= script[0].t_s:
-                view.console.print(f"script: {script.pop(0)}", style="bold magenta", highlight=False)
-            target = started + sent / (rig.rate_hz * speed)
-            await asyncio.sleep(max(0.0, target - time.monotonic()))
-
-    def web_status() -> dict[str, int]:  # the page's status line: the terminal's rates and drops
-        return {
-            "pairs_per_s": round(pair_rate.update(engine.counters.pairs_evaluated)),
-            "samples_per_s": round(sample_rate.update(sent * len(rig.channels))),
-            "dropped": sum(_drops(engine).values()),
-        }
+    title = f"streamcorr demo: simulated robot arm (seed {seed}, {speed:g}x real time)"
+    feed = _Feed(rig, engine, speed, duration, view, title)
 
     outputs: list[Publisher] = []
     web = None
@@ -336,17 +347,17 @@ async def run_live_demo(
         await web.start()
         view.console.print(f"live web view: {web.url}", style="bold", highlight=False)
         outputs.append(web)
-    outputs.append(_TerminalOutput(view, stats, record))
+    outputs.append(_TerminalOutput(view, feed.stats, record))
     hop_s = cfg.hop_samples / (rig.rate_hz * speed)  # wall seconds between snapshots: one status line each
 
     async with engine:
         with view:
             forwarder = asyncio.create_task(
-                forward(engine, *outputs, status_interval_s=hop_s if web is not None else None, status=web_status)
+                forward(engine, *outputs, status_interval_s=hop_s if web is not None else None, status=feed.web_status)
             )
             await asyncio.sleep(0)
             try:
-                await produce()
+                await feed.run()
                 await engine.flush()
                 await asyncio.sleep(0.2)
             finally:
