@@ -24,7 +24,7 @@ import torch
 
 from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
 from streamcorr.estimator import Estimator
-from training.mixtures import random_mixture
+from training.tasks import random_mixture
 
 from .common import environment, write_results
 

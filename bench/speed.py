@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from training.mixtures import random_mixture
+from training.tasks import random_mixture
 
 from .common import environment, median_time, write_results
 

@@ -11,7 +11,7 @@ Carlo over the fresh samples). Distributions come from training.tasks.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,24 +21,13 @@ from .tasks import TaskMix, sample_task
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(TaskMix):
+    """A run's ``data`` section: the family probabilities (TaskMix, their one definition) and the windows."""
+
     grid: int = 32
     min_window: int = 32
     max_window: int = 8192
     n_fresh: int = 2048
-    k_max: int = 20
-    p_independent: float = 0.10  # the paper's generator almost never gives MI < 0.05
-    p_gaussian: float = 0.15  # single Gaussians with MI uniform in [0, max_gaussian_mi]
-    max_gaussian_mi: float = 2.5
-    p_high_mi: float = 0.0  # mixtures of strongly correlated components (training.tasks.high_mi_mixture)
-    p_quantised: float = 0.0  # one or both axes quantised (needs ties: jitter)
-    p_bounded_noise: float = 0.0  # y = f(x) + uniform noise
-    min_levels: int = 2
-    max_levels: int = 30
-    p_both_quantised: float = 0.5
-    p_equal_frequency: float = 0.5
-    min_noise_width: float = 0.03
-    max_noise_width: float = 1.0
     ties: Ties = "mid"  # tie policy of the window's rank transform
 
     def __post_init__(self) -> None:
@@ -48,8 +37,7 @@ class DataConfig:
             raise ValueError(msg)
 
     def task_mix(self) -> TaskMix:
-        fields = TaskMix.__dataclass_fields__
-        return TaskMix(**{k: v for k, v in asdict(self).items() if k in fields})
+        return TaskMix(**{k: getattr(self, k) for k in TaskMix.__dataclass_fields__})
 
 
 def window_histograms(window: np.ndarray, grid: int, ties: Ties = "mid") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
