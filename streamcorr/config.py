@@ -188,7 +188,9 @@ class Screening(_Strict):
 class EstimatorConfig(_Strict):
     device: Literal["cpu", "cuda", "auto"] = "auto"  # auto: CUDA when torch sees a GPU
     amp: bool | None = None  # bf16 autocast for the network; None: on where it pays (measured in bench.cpu_path)
-    compile: bool | None = None  # torch.compile the network; None: on for CUDA (bench.gpu_path)
+    # torch.compile the network (true), or its ahead-of-time package for this CPU ("aot", streamcorr.aot); None:
+    # torch.compile on CUDA, "aot" on a CPU (bench.gpu_path, bench.cpu_path)
+    compile: bool | Literal["aot"] | None = None
     batch_size: int = Field(128, ge=1, le=65_536)
     threads: int | None = Field(None, ge=1)
     weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v1

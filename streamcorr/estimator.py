@@ -18,6 +18,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .aot import AotForward, aot_enabled
 from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
 from .errors import InputError
 from .model import InfoNet, dv_readout
@@ -94,7 +95,7 @@ class Estimator:
         nonfinite: NonFinite = "raise",
         ties: Ties | None = None,
         amp: bool | None = None,
-        compile: bool | None = None,
+        compile: bool | Literal["aot"] | None = None,
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
@@ -119,9 +120,10 @@ class Estimator:
         on_gpu = self.device.type == "cuda"
         # defaults where they pay (bench.gpu_path, bench.cpu_path); bf16 keeps the table and read-out in fp32
         self.amp = on_gpu if amp is None else amp
-        self.compiled = on_gpu if compile is None else compile
-        # dynamic batch dimension: one compilation serves every batch size
-        self._forward = torch.compile(self.model, dynamic=True) if self.compiled else self.model
+        self.compiled: bool | Literal["aot"] = compile if compile is not None else on_gpu or self._aot_default()
+        self._forward: Any = self.model
+        if self.compiled is True:  # dynamic batch dimension: one compilation serves every batch size
+            self._forward = torch.compile(self.model, dynamic=True)
         self._tensor_path: TensorPath | None = None
         digest = hashlib.sha256()
         for name, tensor in self.model.state_dict().items():
@@ -131,6 +133,13 @@ class Estimator:
             self.fingerprint += f"-{self.ties}"  # ranks differ, so cached results (null calibrations) do too
         if self.amp:
             self.fingerprint += "-bf16"
+        if self.compiled == "aot" and self.device.type == "cpu" and not self.amp:  # streamcorr.aot: same results
+            self._forward = AotForward(self.model, weights, digest.hexdigest(), self.grid)
+
+    @staticmethod
+    def _aot_default() -> bool | Literal["aot"]:
+        """On a CPU the network runs compiled ahead of time unless STREAMCORR_AOT=0 (streamcorr.aot)."""
+        return "aot" if aot_enabled() else False
 
     # -- checked inputs -------------------------------------------------------------
     def _check_pairs(self, x: object, y: object) -> tuple[np.ndarray, np.ndarray]:
