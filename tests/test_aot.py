@@ -5,6 +5,7 @@ off switch leave the eager network serving. One real build (about 30 s of CPU) s
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,12 @@ import pytest
 
 from streamcorr.aot import AotForward
 from streamcorr.estimator import Estimator
+
+if shutil.which("c++") is None and shutil.which("g++") is None:
+    pytest.skip(
+        "no C++ compiler (c++, g++): the AOT package cannot be built here; the eager path serves",
+        allow_module_level=True,
+    )
 
 TOL = 1e-5  # nats: the compiled kernels reassociate float sums; the eager network is the reference
 
