@@ -116,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {r['pairs_per_s']:,.0f} | {r['speedup']:.2f}x | {r['max_abs_diff_table2']:.5f} | "
             f"{r['first_call_s']:.1f} | {st} |"
         )
-    md += ["", "Start-up: a fresh process, import + first estimate, compile cache warm (one run before)."]
+    md += [
+        "",
+        "Start-up: a fresh process, import + first estimate, compile cache warm (one run before; for aot: the "
+        "package built). An aot row's first call is the one-time build of the package for this machine (in a "
+        "background process; the eager network serves meanwhile).",
+    ]
     write_results("cpu_path_quick" if args.quick else "cpu_path", data, "\n".join(md))
     return 0
 
