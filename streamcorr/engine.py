@@ -206,10 +206,11 @@ class Engine:
             for name in ("last_refresh_ns", "last_mi", "held_dependent"):
                 getattr(self._scheduler, name)[new_idx] = getattr(prev, name)[old_idx]
 
-    def _next_pairs(self) -> np.ndarray:
-        """The scheduler's stalest-first order, cut to the budgets: pairs among configured channels first (at most
-        ``max_pairs_per_hop``), then at most ``auto_pairs_per_hop`` pairs involving auto-added channels."""
-        order = self._scheduler.next_pairs()
+    def _next_pairs(self, order: np.ndarray | None = None) -> np.ndarray:
+        """Pair indices in priority ``order`` (default: the scheduler's stalest first; with screening: the screen's
+        plan) cut to the budgets: pairs among configured channels first (at most ``max_pairs_per_hop``), then at
+        most ``auto_pairs_per_hop`` pairs involving auto-added channels."""
+        order = self._scheduler.next_pairs() if order is None else order
         budget = self.cfg.max_pairs_per_hop or len(order)
         prot = self._protected[order]
         first = order[prot][:budget]
@@ -251,7 +252,7 @@ class Engine:
             overdue = self._scheduler.overdue
             plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
             cnt.max_age_overdue += self._scheduler.overdue - overdue
-            pick = plan.pick
+            pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
             pp = self._pairs[pick]
             was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
             screen_level = self.state.mi[pp[:, 0], pp[:, 1]]

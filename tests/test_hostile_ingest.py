@@ -205,6 +205,22 @@ def test_auto_added_pairs_are_budgeted_per_hop_and_configured_pairs_come_first()
     assert len(first) == len(second) == 6 and not set(first[1:]) & set(second[1:])
 
 
+def test_auto_added_pairs_are_budgeted_with_screening_on():
+    """With screening on, the network still takes every configured pair and at most auto_pairs_per_hop pairs
+    with auto-added channels per hop; the screen assesses the others."""
+    rng = np.random.default_rng(32)
+    eng = small_engine(channels=["a", "b"], auto_pairs_per_hop=5, screening="on")
+    names = ["a", "b", *(f"n{k}" for k in range(10))]
+    t = 100.0 + np.arange(80) / 10
+    x = rng.standard_normal(80)
+    eng.push_frame(t, {n: (x if n in ("a", "b") else rng.standard_normal(80)) for n in names})
+    eng.evaluate(round(t[-1] * 1e9))
+    assert len(eng.channels) == 12 and len(eng._pairs) == 66
+    network = eng.state.network_ns >= 0
+    assert eng.counters.pairs_evaluated <= 6 and network[0, 1]  # the configured pair, and 5 others at most
+    assert np.triu(network, 1).sum() - 1 <= 5
+
+
 # -- class 5: byte bounds --------------------------------------------------------------------------------------
 def test_decoder_caches_stay_within_their_byte_bound():
     """20,000 messages on distinct 1,000-byte topics (with seq numbers and 200-byte keys) leave the decoder

@@ -399,6 +399,55 @@ def _gaussian_theta(a: str, b: str) -> np.ndarray | None:
     return np.clip(log_ratio, -5.0, 5.0)
 
 
+def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
+    """Cells holding the screen's figure (snapshot source 2) carry a corner mark that network estimates lack,
+    the legend explains it, and the detail line of such a pair says it is not a network estimate."""
+    import dataclasses
+
+    rng = np.random.default_rng(19)
+    served = _ViewThread(WebView(port=0, table_fn=_gaussian_theta))
+    page = chromium.new_page(viewport={"width": 1280, "height": 820})
+    try:
+        view = served.view
+        served.run(view.start())
+        n = len(ARM_CHANNELS)
+        mi = _arm_mi(rng, 0.0)
+        source = np.ones((n, n), dtype=np.uint8)
+        screened = rng.uniform(size=(n, n)) < 0.4
+        screened = np.triu(screened, 1) | np.triu(screened, 1).T
+        source[screened] = 2
+        np.fill_diagonal(source, 0)
+        snap = dataclasses.replace(_snapshot(1, ARM_CHANNELS, mi), source=source)
+        served.call(view.publish_snapshot, snap)
+        page.goto(view.url + "/")
+        page.wait_for_selector("#heatmap[data-seq='1']", timeout=5000)
+        assert int(page.get_attribute("#heatmap", "data-screened") or -1) == int(screened.sum())
+        corner_js = """([i, j]) => {
+            const c = document.getElementById('heatmap'), d = c.dataset, r = window.devicePixelRatio || 1;
+            const x = (+d.x0 + j * +d.cell + 1) * r, y = (+d.y0 + i * +d.cell + 1) * r;
+            return Array.from(c.getContext('2d').getImageData(Math.floor(x), Math.floor(y), 1, 1).data).slice(0, 3);
+        }"""
+        mark = [0xC8, 0xCE, 0xD6]
+        si, sj = map(int, np.argwhere(screened)[0])
+        ni, nj = map(int, np.argwhere(np.triu(source == 1, 1))[0])
+        assert page.evaluate(corner_js, [si, sj]) == mark and page.evaluate(corner_js, [ni, nj]) != mark
+        geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
+        box = page.locator("#heatmap").bounding_box()
+        page.mouse.move(
+            box["x"] + geo["x0"] + (sj + 0.5) * geo["cell"], box["y"] + geo["y0"] + (si + 0.5) * geo["cell"]
+        )
+        page.wait_for_selector("#detail-meta[data-source='2']", timeout=5000)
+        assert "screen figure" in page.inner_text("#detail-meta")
+        page.mouse.move(
+            box["x"] + geo["x0"] + (nj + 0.5) * geo["cell"], box["y"] + geo["y0"] + (ni + 0.5) * geo["cell"]
+        )
+        page.wait_for_selector("#detail-meta[data-source='1']", timeout=5000)
+        assert "network estimate" in page.inner_text("#detail-meta")
+    finally:
+        page.close()
+        served.close()
+
+
 def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
     """In headless Chromium the heatmap follows snapshots, events list newest first, hover shows the pair's
     detail and table, the page reconnects after the server restarts; the page is captured as a screenshot."""

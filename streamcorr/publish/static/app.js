@@ -7,6 +7,7 @@
   const HISTORY_MAX = 1000; // points kept for the sparkline of the selected pair
   const TABLE_REFRESH_MS = 5000; // the selected pair's table is refetched at most this often
   const NAN_GREY = "#4a505a";
+  const SCREEN_MARK = "#c8ced6", SOURCE_SCREEN = 2; // snapshot source: 0 none, 1 network, 2 the screen's figure
   // viridis at ten stops: perceptually even, readable on a dark background
   const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e",
     "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"].map(hexRgb);
@@ -78,6 +79,22 @@
         ctx.fillRect(L.x0 + j * L.cell, L.y0 + i * L.cell, L.cell - gap, L.cell - gap);
       }
     }
+    // a cell holding the screen's figure (the pair failed the cheap screen) rather than a network estimate gets
+    // a corner mark: its value is a small-dependence bound, not InfoNet's estimate
+    let screened = 0;
+    if (s.source) {
+      const m = Math.max(3, Math.floor((L.cell - gap) / 3));
+      ctx.fillStyle = SCREEN_MARK;
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < n; j++) {
+          if (s.source[i][j] !== SOURCE_SCREEN) continue;
+          screened++;
+          if (L.cell < 6) continue; // too small to mark; the count and the detail line still say it
+          const x = L.x0 + j * L.cell, y = L.y0 + i * L.cell;
+          ctx.beginPath(); ctx.moveTo(x, y); ctx.lineTo(x + m, y); ctx.lineTo(x, y + m); ctx.closePath(); ctx.fill();
+        }
+      }
+    }
     if (L.cell >= 34) { // room for the numbers themselves
       ctx.font = `${Math.min(12, L.cell / 3.2)}px system-ui, sans-serif`;
       ctx.textAlign = "center"; ctx.textBaseline = "middle";
@@ -108,14 +125,14 @@
       ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
       for (const [r, c] of [[si, sj], [sj, si]]) ctx.strokeRect(L.x0 + c * L.cell, L.y0 + r * L.cell, L.cell - gap, L.cell - gap);
     }
-    Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax });
-    drawLegend();
+    Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax, screened });
+    drawLegend(screened > 0);
     heat.dataset.renderMs = (performance.now() - t0).toFixed(2);
   }
 
-  function drawLegend() {
+  function drawLegend(screenedShown) {
     const w = Math.max(240, Math.min(460, $("heat-wrap").clientWidth - 4));
-    const ctx = sizeCanvas(legend, w, 44), barW = w - 120;
+    const ctx = sizeCanvas(legend, w, screenedShown ? 60 : 44), barW = w - 120;
     for (let x = 0; x < barW; x++) { ctx.fillStyle = rgb(ramp(x / (barW - 1))); ctx.fillRect(x, 4, 1, 14); }
     ctx.fillStyle = "#9aa4b1"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
     const step = st.vmax <= 2 ? 0.25 : st.vmax <= 4 ? 0.5 : 1, ticks = Math.floor(st.vmax / step + 1e-9);
@@ -128,6 +145,12 @@
     ctx.textAlign = "left"; ctx.fillText("MI (nats)", barW + 10, 4);
     ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, 24, 12, 12);
     ctx.fillStyle = "#9aa4b1"; ctx.fillText("no estimate", barW + 26, 24);
+    if (screenedShown) { // the corner mark's meaning, beside the grey of "no estimate"
+      ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, 42, 12, 12);
+      ctx.fillStyle = SCREEN_MARK; ctx.beginPath(); ctx.moveTo(barW + 10, 42); ctx.lineTo(barW + 16, 42);
+      ctx.lineTo(barW + 10, 48); ctx.closePath(); ctx.fill();
+      ctx.fillStyle = "#9aa4b1"; ctx.fillText("screen figure", barW + 26, 42);
+    }
   }
 
   function queueRender() {
@@ -195,8 +218,12 @@
     const v = s.mi[i][j];
     $("detail-mi").textContent = v === null ? "no estimate" : `${fmt(v)} nats`;
     const cov = s.coverage[i][j], age = s.age_s[i][j];
+    const src = s.source ? s.source[i][j] : null;
+    const what = src === SOURCE_SCREEN ? " · screen figure (failed the screen; not a network estimate)"
+      : src === 1 ? " · network estimate" : "";
     $("detail-meta").textContent =
-      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}`;
+      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}${what}`;
+    $("detail-meta").dataset.source = src === null ? "" : String(src);
     const d = st.detail;
     if (d && (d.t.length === 0 || s.t_ns > d.t[d.t.length - 1])) { // extend the fetched history live
       d.t.push(s.t_ns); d.v.push(v);
