@@ -10,7 +10,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -236,6 +236,21 @@ def test_bad_status_and_config_are_refused_and_counted() -> None:
             WebView(**kw)  # type: ignore[arg-type]
 
 
+@contextlib.asynccontextmanager
+async def _attached(view: WebView, app: web.Application | None = None) -> AsyncIterator[tuple[web.AppRunner, str]]:
+    """The view attached to an aiohttp app of its own (as the daemon mounts it), served on a free port."""
+    app = app or web.Application()
+    view.attach(app)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 def test_attach_mounts_on_existing_app_and_page_is_offline() -> None:
     """attach() adds the view beside the daemon's own routes; the page and its assets reference nothing external."""
     np.random.default_rng(8)
@@ -247,33 +262,24 @@ def test_attach_mounts_on_existing_app_and_page_is_offline() -> None:
         app = web.Application()
         app.router.add_get("/healthz", healthz)
         view = WebView()
-        view.attach(app)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        try:
-            async with aiohttp.ClientSession() as http:
-                async with http.get(base + "/healthz") as r:
-                    assert await r.text() == "ok"
-                texts = []
-                for path in ("/", "/static/app.js", "/static/app.css"):
-                    async with http.get(base + path) as r:
-                        assert r.status == 200, path
-                        texts.append(await r.text())
-                assert '<canvas id="heatmap"' in texts[0]
-                for text in texts:
-                    assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # no CDN, works offline
-                    assert "https://" not in text and "http://" not in text
-                async with http.ws_connect(base + "/ws") as ws:
-                    await asyncio.sleep(0.05)
-                    assert view.counters_dict()["clients"] == 1
-                    await runner.cleanup()  # the app's shutdown closes the view's clients
-                    msg = await asyncio.wait_for(ws.receive(), 5)
-                    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
-        finally:
-            await runner.cleanup()
+        async with _attached(view, app) as (runner, base), aiohttp.ClientSession() as http:
+            async with http.get(base + "/healthz") as r:
+                assert await r.text() == "ok"
+            texts = []
+            for path in ("/", "/static/app.js", "/static/app.css"):
+                async with http.get(base + path) as r:
+                    assert r.status == 200, path
+                    texts.append(await r.text())
+            assert '<canvas id="heatmap"' in texts[0]
+            for text in texts:
+                assert not re.search(r"(src|href)=[\"']?(https?:)?//", text)  # no CDN, works offline
+                assert "https://" not in text and "http://" not in text
+            async with http.ws_connect(base + "/ws") as ws:
+                await asyncio.sleep(0.05)
+                assert view.counters_dict()["clients"] == 1
+                await runner.cleanup()  # the app's shutdown closes the view's clients
+                msg = await asyncio.wait_for(ws.receive(), 5)
+                assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
 
     _run(main)
 
@@ -284,16 +290,10 @@ def test_attached_view_is_a_sink_started_and_stopped_by_its_owner() -> None:
     np.random.default_rng(11)
 
     async def main() -> None:
-        app = web.Application()
         view = WebView()
-        view.attach(app)
-        assert isinstance(view, Sink) and view.problem() == "web view not started"
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        ws_url = f"http://127.0.0.1:{runner.addresses[0][1]}/ws"
-        try:
+        async with _attached(view) as (_, base):
+            assert isinstance(view, Sink) and view.problem() == "web view not started"
+            ws_url = base + "/ws"
             await view.start()
             assert view.problem() is None and view.queue_depth == 0
             with pytest.raises(RuntimeError):
@@ -312,8 +312,6 @@ def test_attached_view_is_a_sink_started_and_stopped_by_its_owner() -> None:
                 "snapshots_dropped", "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy",
             ]  # fmt: skip
             assert view.counters_dict()["clients_rejected"] == 1 and view.counters.extra == view.counters_dict()
-        finally:
-            await runner.cleanup()
 
     _run(main)
 
