@@ -502,7 +502,8 @@ def _sigterm_during_long_hop(workdir: Path, quick: bool) -> dict[str, Any]:
     }
     proc = _start_daemon(workdir, cfg, "long_hop")
     try:
-        _wait(lambda: bool(_metrics(http_port)), 180, "long-hop daemon /metrics", proc)
+        # running (its engine exists, so its sources are bound): a PUSH closed before the bind would lose the data
+        _wait(lambda: "streamcorr_hops_total" in _metrics(http_port), 180, "long-hop daemon running", proc)
         rng = np.random.default_rng(4)
         now = math.floor(time.time())
         gaps = np.arange(100) % 20 == 7

@@ -56,9 +56,9 @@ def _dropped(text: str, stage: str, reason: str) -> float:
 
 def _wait_metrics(proc: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not http_metrics(port):
+    while "streamcorr_hops_total" not in http_metrics(port):  # /metrics answers, and the engine exists: running
         assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the daemon's /metrics never answered"
+        assert time.monotonic() < deadline, "the daemon's /metrics never showed a running engine"
         time.sleep(0.2)
 
 
