@@ -198,8 +198,8 @@ def _markdown(res: dict[str, Any]) -> str:
         "",
         f"`python -m bench.ray_scaling` (tile_pairs {res['tile_pairs']}, {res['repeats']} timed hops after a warm-up; "
         f"medians). Local Ray instance with 2 CPUs, started in {res['ray_init_s']:.1f} s; one CPU per worker. "
-        "Load average: the 1-minute figure before and after the timed hops (2 cores; other engineers' tests "
-        "and benchmarks were running).",
+        "Load average: the 1-minute figure before and after the timed hops (2 cores, shared with whatever else "
+        "runs on the machine).",
         "",
         "| channels | pairs | backend | workers | hop s | pairs/s | vs best local | per-worker pairs/s | object store "
         "bytes/hop | tiles | head s/hop | Ray overhead s (share) | one-tile round trip ms | max abs diff | load |",
