@@ -9,7 +9,8 @@ Per hop:
    pairs to give every worker ``max_in_flight`` tiles); a tile goes to the least busy ready worker,
    which holds at most ``max_in_flight`` tiles, queued or running, across hops: work in flight is bounded;
 4. results are merged as they come back, until the hop's deadline (``hop_timeout_s``, default one hop).
-   A tile whose worker died, or that raised, is retried once on another worker, first in line;
+   A tile whose worker died, or that raised, is retried once on another worker, first in line; with no worker
+   ready (the only one died), the hop waits, within its deadline, for the replacement to load;
 5. at the deadline, tiles not back are abandoned (cancelled where still queued; a running one keeps its
    worker's slot until it ends, and its late result is dropped): their cells are NaN, counted stale.
 
