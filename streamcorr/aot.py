@@ -145,8 +145,10 @@ class AotForward:
         cmd = [sys.executable, "-m", "streamcorr.aot", str(self.weights or ""), str(self.grid), str(self.path)]
         log.info("network: compiling it for this CPU in the background (once per machine, about 30 s of CPU; "
                  "eager meanwhile), into %s", self.path.parent)  # fmt: skip
-        self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        # the child's output goes to a file beside the package (a pipe nobody reads could fill and stall it)
+        with open(self.path.with_suffix(".log"), "wb") as out:
+            self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
         self.state = "building"
 
     def wait(self, timeout_s: float) -> bool:
