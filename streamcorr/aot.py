@@ -12,6 +12,7 @@ milliseconds at every later start. Contract:
   and every cached result stay valid (the estimator's fingerprint does not change);
 * a batch of one pair, bf16 autocast (``amp``) and a failed build use the eager network; a failed build is
   logged once with its cause and not retried until the package's inputs change;
+* ``streamcorr compile`` builds it at once and waits (an image build, a deployment step);
 * ``STREAMCORR_AOT=0`` turns it off (eager only), for a machine without a C++ compiler or a test run.
 
 The package key: the weights' digest, torch's version, the CPU model and its instruction-set flags.
@@ -150,6 +151,17 @@ class AotForward:
             self._child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=True)  # fmt: skip
         self.state = "building"
+
+    def ensure(self, timeout_s: float) -> bool:
+        """Build now if needed (a recorded failure is retried), waiting up to timeout_s: `streamcorr compile`,
+        e.g. while a container image is built. True once the package serves."""
+        if self._runner is not None:
+            return True
+        self._failed.unlink(missing_ok=True)
+        self.state = "eager"
+        if self._child is None:
+            self._poll(start_build=True)
+        return self.wait(timeout_s)
 
     def wait(self, timeout_s: float) -> bool:
         """Wait for this process's build (tests, benchmarks); True once the package serves."""

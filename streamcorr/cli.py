@@ -326,6 +326,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile(args: argparse.Namespace) -> int:
+    import time
+
+    from .estimator import Estimator
+
+    t0 = time.perf_counter()
+    aot = Estimator(args.weights, compile="aot").aot
+    if aot is None:
+        raise StreamcorrError("the ahead-of-time network is for a CPU without bf16 autocast; nothing to compile")
+    if aot.state != "ready":
+        print(f"compiling the network for this CPU into {aot.path.parent} (once per machine, weights and torch "
+              "version; about 30 s on 2 cores)...", flush=True)  # fmt: skip
+        if not aot.ensure(args.timeout_s):
+            log = aot.path.with_suffix(".log")
+            raise StreamcorrError(f"the build did not finish ({aot.state}); its output is in {log}")
+    print(f"ready: {aot.path} ({time.perf_counter() - t0:.0f} s); every later start loads it")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="streamcorr", description="Real-time mutual information between streams.")
     ap.add_argument("-V", "--version", action="version", version=f"streamcorr {__version__}")
@@ -359,6 +378,11 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the daemon with a configuration file (stop with Ctrl-C or SIGTERM)")
     run.add_argument("config")
     run.set_defaults(func=_run)
+    comp = sub.add_parser("compile", help="build the network's ahead-of-time package for this CPU now (e.g. in an "
+                          "image build) instead of in the background at the first start")  # fmt: skip
+    comp.add_argument("--weights", default=None, help="a shipped model name or a .safetensors path (default: v1)")
+    comp.add_argument("--timeout-s", type=float, default=900.0)
+    comp.set_defaults(func=_compile)
     from .cli_replay import add_replay_commands  # replay and report live in their own module
 
     add_replay_commands(sub)

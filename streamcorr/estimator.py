@@ -136,6 +136,11 @@ class Estimator:
         if self.compiled == "aot" and self.device.type == "cpu" and not self.amp:  # streamcorr.aot: same results
             self._forward = AotForward(self.model, weights, digest.hexdigest(), self.grid)
 
+    @property
+    def aot(self) -> AotForward | None:
+        """The ahead-of-time compiled network (streamcorr.aot) when this estimator uses one, else None."""
+        return self._forward if isinstance(self._forward, AotForward) else None
+
     @staticmethod
     def _aot_default() -> bool | Literal["aot"]:
         """On a CPU the network runs compiled ahead of time unless STREAMCORR_AOT=0 (streamcorr.aot)."""

@@ -96,3 +96,12 @@ def test_the_off_switch_and_explicit_settings(monkeypatch):
     assert Estimator().compiled is False and not isinstance(Estimator()._forward, AotForward)
     assert not isinstance(Estimator(compile=False)._forward, AotForward)
     assert Estimator(amp=True, compile="aot")._forward.__class__ is not AotForward  # bf16: eager autocast
+
+
+def test_the_compile_command_reports_the_ready_package(built, capsys):
+    """`streamcorr compile` finds this machine's package (built above) and says where it is, exit code 0."""
+    from streamcorr.cli import main
+
+    assert main(["compile"]) == 0
+    out = capsys.readouterr().out
+    assert "ready:" in out and built.aot is not None and str(built.aot.path) in out
