@@ -315,3 +315,14 @@ def http_metrics(port: int) -> str:
 def metric_sum(text: str, prefix: str) -> float:
     """Sum of the series whose line starts with prefix (name and the start of its labels)."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def pearson_blind_rig(seconds: int, seed: int = 0, rate_hz: float = 10.0) -> tuple[np.ndarray, np.ndarray]:
+    """(t (n,), values (3, n)) for channels a, b, c: b becomes a^2 + noise half way (Pearson-blind); c stays
+    independent noise."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * rate_hz)
+    t = 1_700_000_000.0 + np.arange(n) / rate_hz
+    a, noise, c = rng.standard_normal((3, n))
+    b = np.where(np.arange(n) < n // 2, noise, a**2 + 0.1 * noise)
+    return t, np.stack([a, b, c])

@@ -25,20 +25,10 @@ from streamcorr.engine import Engine
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
 from streamcorr.settings import EngineConfig
-from tests.brokers import PrivateBroker, free_port
+from tests.brokers import PrivateBroker, free_port, pearson_blind_rig
 
 RATE = 10.0
 CHANNELS = ["a", "b", "c"]
-
-
-def _rig(seconds: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(t (n,), values (3, n)): b becomes a^2 + noise half way (Pearson-blind); c stays independent noise."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    t = 1_700_000_000.0 + np.arange(n) / RATE
-    a, noise, c = rng.standard_normal((3, n))
-    b = np.where(np.arange(n) < n // 2, noise, a**2 + 0.1 * noise)
-    return t, np.stack([a, b, c])
 
 
 def _chunks(t: np.ndarray, v: np.ndarray, per: int = 10) -> list[dict[str, Any]]:
@@ -123,7 +113,7 @@ def test_mqtt_end_to_end_with_mosquitto_pub(mqtt_broker):
     those of an in-process engine fed the same data."""
     host, port = mqtt_broker
     prefix = f"test-{uuid.uuid4().hex[:8]}"
-    t, v = _rig(60)
+    t, v = pearson_blind_rig(60)
     source = {"type": "mqtt", "host": host, "port": port, "topics": [f"{prefix}/in/#"], "channel_template": "{key}"}
     cfg_dict = _config(source, {"mqtt": {"host": host, "port": port, "prefix": f"{prefix}/out"}})
     ref_snaps, ref_events = asyncio.run(_reference(cfg_dict, t, v))
@@ -160,7 +150,7 @@ def test_mqtt_end_to_end_with_mosquitto_pub(mqtt_broker):
 
 def test_zmq_end_to_end_with_pyzmq_push():
     """msgpack chunks PUSHed with pyzmq reach the daemon; the ZeroMQ Subscriber sees the in-process results."""
-    t, v = _rig(60, seed=1)
+    t, v = pearson_blind_rig(60, seed=1)
     p_in, p_out, p_last = free_port(), free_port(), free_port()
     source = {
         "type": "zmq",
@@ -204,7 +194,7 @@ def test_broker_restart_daemon_reconnects_and_counts_the_gap(tmp_path):
     broker = PrivateBroker(tmp_path)
     broker.start()
     prefix = f"restart-{uuid.uuid4().hex[:8]}"
-    t, v = _rig(120, seed=2)
+    t, v = pearson_blind_rig(120, seed=2)
     chunks = _chunks(t, v)
     source = {
         "type": "mqtt", "port": broker.port, "topics": [f"{prefix}/in"], "channel_template": "{key}",
@@ -292,7 +282,7 @@ def test_run_command_serves_metrics_and_stops_cleanly_on_sigterm(mqtt_broker, tm
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "daemon did not come up"
             time.sleep(0.2)
-        t, v = _rig(20, seed=3)
+        t, v = pearson_blind_rig(20, seed=3)
         lines = "\n".join(json.dumps(c) for c in _chunks(t, v)) + "\n"
         subprocess.run(
             ["mosquitto_pub", "-h", host, "-p", str(port), "-q", "1", "-t", f"{prefix}/in", "-l"],

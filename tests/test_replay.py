@@ -19,7 +19,7 @@ from streamcorr.cli import main
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
 from streamcorr.publish.subscriber import Subscriber
-from tests.brokers import free_port
+from tests.brokers import free_port, pearson_blind_rig
 from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
 
 pq = pytest.importorskip("pyarrow.parquet")
@@ -28,16 +28,6 @@ RATE = 10.0
 # the README's screenshot is refreshed on request (STREAMCORR_SCREENSHOT=1), so test runs leave the tree clean
 REPORT_SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "replay_report.png"
 CHANNELS = ["a", "b", "c"]
-
-
-def _rig(seconds: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(t (n,), values (3, n)): b becomes a^2 + noise half way; c stays independent noise."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * RATE)
-    t = 1_700_000_000.0 + np.arange(n) / RATE
-    a, noise, c = rng.standard_normal((3, n))
-    b = np.where(np.arange(n) < n // 2, noise, a**2 + 0.1 * noise)
-    return t, np.stack([a, b, c])
 
 
 def _write_csv(path: Path, t: np.ndarray, v: np.ndarray) -> None:
@@ -57,7 +47,7 @@ def _timeline(outdir: Path) -> dict[int, dict[tuple[str, str], float]]:
 def test_csv_replay_equals_a_live_daemon_fed_over_zeromq(tmp_path, capsys):
     """The same config file and samples: replay's matrices equal the live daemon's (1e-6) and its events come at
     the same stream times, with the same pairs and kinds."""
-    t, v = _rig(60, seed=3)
+    t, v = pearson_blind_rig(60, seed=3)
     p_in, p_out, p_last = free_port(), free_port(), free_port()
     source = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True}
     source["channel_template"] = "{key}"
@@ -262,7 +252,7 @@ def test_long_parquet_log_replays_like_the_wide_csv(tmp_path):
     """The same samples as a long Parquet table (time, channel, value) and as a wide CSV give the same timeline."""
     import pyarrow as pa
 
-    t, v = _rig(20, seed=6)
+    t, v = pearson_blind_rig(20, seed=6)
     wide = tmp_path / "wide.csv"
     _write_csv(wide, t, v)
     long = tmp_path / "long.parquet"
@@ -278,7 +268,7 @@ def test_ctrl_c_stops_cleanly_with_what_was_done_written(tmp_path, monkeypatch, 
     """A KeyboardInterrupt part way returns 130 and leaves timeline and events readable up to the last hop done."""
     from streamcorr.engine import Engine
 
-    t, v = _rig(30, seed=7)
+    t, v = pearson_blind_rig(30, seed=7)
     log = tmp_path / "log.csv"
     _write_csv(log, t, v)
     real = Engine.evaluate
