@@ -397,6 +397,13 @@ def _gaussian_theta(a: str, b: str) -> np.ndarray | None:
     return np.clip(log_ratio, -5.0, 5.0)
 
 
+def _hover_cell(page: Any, i: int, j: int) -> None:
+    """Move the mouse over heatmap cell (i, j), by the geometry the page publishes on the canvas."""
+    geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
+    box = page.locator("#heatmap").bounding_box()
+    page.mouse.move(box["x"] + geo["x0"] + (j + 0.5) * geo["cell"], box["y"] + geo["y0"] + (i + 0.5) * geo["cell"])
+
+
 def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
     """Cells holding the screen's figure (snapshot source 2) carry a corner mark that network estimates lack,
     the legend explains it, and the detail line of such a pair says it is not a network estimate."""
@@ -429,16 +436,11 @@ def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
         si, sj = map(int, np.argwhere(screened)[0])
         ni, nj = map(int, np.argwhere(np.triu(source == 1, 1))[0])
         assert page.evaluate(corner_js, [si, sj]) == mark and page.evaluate(corner_js, [ni, nj]) != mark
-        geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
-        box = page.locator("#heatmap").bounding_box()
-        page.mouse.move(
-            box["x"] + geo["x0"] + (sj + 0.5) * geo["cell"], box["y"] + geo["y0"] + (si + 0.5) * geo["cell"]
-        )
+        assert page.get_attribute("#legend", "data-screen") == "true"
+        _hover_cell(page, si, sj)
         page.wait_for_selector("#detail-meta[data-source='2']", timeout=5000)
         assert "screen figure" in page.inner_text("#detail-meta")
-        page.mouse.move(
-            box["x"] + geo["x0"] + (nj + 0.5) * geo["cell"], box["y"] + geo["y0"] + (ni + 0.5) * geo["cell"]
-        )
+        _hover_cell(page, ni, nj)
         page.wait_for_selector("#detail-meta[data-source='1']", timeout=5000)
         assert "network estimate" in page.inner_text("#detail-meta")
     finally:
@@ -502,11 +504,7 @@ def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
 
         a, b = "arm.j2.torque", "arm.j3.torque"
         ia, ib = ARM_CHANNELS.index(a), ARM_CHANNELS.index(b)
-        geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
-        box = page.locator("#heatmap").bounding_box()
-        page.mouse.move(
-            box["x"] + geo["x0"] + (ib + 0.5) * geo["cell"], box["y"] + geo["y0"] + (ia + 0.5) * geo["cell"]
-        )
+        _hover_cell(page, ia, ib)
         page.wait_for_selector(f"#table[data-pair='{a}|{b}'][data-grid='64']", timeout=5000)
         assert page.inner_text("#detail-pair") == f"{a} × {b}"
         assert page.inner_text("#detail-mi") == f"{round(mi[ia, ib], 4):.3f} nats"

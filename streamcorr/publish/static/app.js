@@ -133,6 +133,7 @@
   function drawLegend(screenedShown) {
     const w = Math.max(240, Math.min(460, $("heat-wrap").clientWidth - 4));
     const ctx = sizeCanvas(legend, w, screenedShown ? 60 : 44), barW = w - 120;
+    legend.dataset.screen = String(screenedShown);
     for (let x = 0; x < barW; x++) { ctx.fillStyle = rgb(ramp(x / (barW - 1))); ctx.fillRect(x, 4, 1, 14); }
     ctx.fillStyle = "#9aa4b1"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
     const step = st.vmax <= 2 ? 0.25 : st.vmax <= 4 ? 0.5 : 1, ticks = Math.floor(st.vmax / step + 1e-9);
