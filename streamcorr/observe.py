@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -82,13 +81,8 @@ def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
         if a in index and b in index:
             i, j = sorted((index[a], index[b]))
             chosen[(i, j)] = "listed"
-    k = cfg.http.pair_metrics_top_k
-    if k and len(names) > 1:
-        iu, ju = np.triu_indices(len(names), 1)
-        mi = np.nan_to_num(snap.mi[iu, ju], nan=-np.inf)
-        for n in np.argsort(-mi, kind="stable")[:k]:
-            if np.isfinite(mi[n]):
-                chosen.setdefault((int(iu[n]), int(ju[n])), "top")
+    for i, j, _ in snap.top_pairs(cfg.http.pair_metrics_top_k):
+        chosen.setdefault((i, j), "top")
     mi_g = GaugeMetricFamily("streamcorr_pair_mi", "MI of a pair in the newest snapshot, nats (top k and listed)",
                              labels=["a", "b", "why"])  # fmt: skip
     age_g = GaugeMetricFamily("streamcorr_pair_age_seconds", "Stream seconds since the pair's value was computed",
