@@ -245,7 +245,6 @@ class Engine:
         t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
-        pick = self._next_pairs()
         was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
         if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
             hop_ns = self.cfg.hop_samples * self.resampler.period_ns
@@ -261,6 +260,8 @@ class Engine:
             cnt.pairs_screened += len(sp)
             cnt.screen_passed += plan.passed
             t0 = cnt.add_time("screen", t0)
+        else:  # every pair by the network, stalest first within the budgets
+            pick = self._next_pairs()
         pairs = self._pairs[pick]
         i, j = pairs[:, 0], pairs[:, 1]
         coverage = (valid[i] & valid[j]).mean(axis=1)

@@ -284,12 +284,13 @@ def health(d: Daemon) -> tuple[int, dict[str, Any]]:
     engine = d.engine_or_none
     latest = engine.latest if engine is not None else None
     engine_ok = engine is not None and engine.running
+    output_problems = {g.name: output_problem(d, g) for g in d.outputs}
     body: dict[str, Any] = {
         "status": "ok",
         "problems": [],
         "engine_running": engine_ok,
         "sources_connected": {n: bool(s.connected) for n, s in d.sources},
-        "outputs_alive": {g.name: output_problem(d, g) is None for g in d.outputs},
+        "outputs_alive": {name: why is None for name, why in output_problems.items()},
         "last_snapshot_seq": latest.seq if latest else None,
         "last_snapshot_age_s": round(now - latest.wall_ns / 1e9, 3) if latest else None,
         "hop_s": d.hop_s,
@@ -305,7 +306,7 @@ def health(d: Daemon) -> tuple[int, dict[str, Any]]:
     if not engine_ok:
         problems.append("engine not running")
     problems += [f"source {n} not connected" for n, ok in body["sources_connected"].items() if not ok]
-    problems += [p for g in d.outputs if (p := output_problem(d, g)) is not None]
+    problems += [why for why in output_problems.values() if why is not None]
     stale = d.snapshot_stale_s
     flowing = d.last_input_wall is not None and now - d.last_input_wall < stale
     if flowing and latest is not None and now - latest.wall_ns / 1e9 > stale:
