@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
+import numpy as np
 import pytest
 import torch
 from pydantic import BaseModel
@@ -127,6 +128,22 @@ def _digest(est: Estimator) -> str:
     return est.fingerprint.split("-", 1)[0]  # the weights' part of the fingerprint
 
 
+def _pair_gauges(p: Parts, why: str) -> int:
+    """How many streamcorr_pair_mi series with label why= the daemon's config exports for a 10-channel snapshot
+    whose pairs (mode list) name 8 pairs of it."""
+    from streamcorr.matrix import Snapshot
+    from streamcorr.observe import _pair_metrics
+
+    names = tuple(f"c{k}" for k in range(10))
+    listed = [[names[k], names[k + 1]] for k in range(8)]
+    cfg = parse_config({**p.raw, "pairs": {"mode": "list", "pairs": listed}})
+    mi = np.random.default_rng(174).uniform(0.0, 1.0, (10, 10))
+    mi = (mi + mi.T) / 2
+    snap = Snapshot(1, 0, 0, names, mi, np.zeros((10, 10)), np.ones((10, 10)))
+    family = next(iter(_pair_metrics(snap, cfg)))
+    return sum(1 for sample in family.samples if sample.labels["why"] == why)
+
+
 def _conn(part: Callable[[Parts], Any], key: str) -> Callable[[Parts], Any]:
     def get(p: Parts) -> Any:
         settings = part(p).settings
@@ -215,9 +232,9 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         pr[f"sources.zmq.{key}"] = lambda p, k=key: getattr(p.zmq_src, k)
     pr["sources.mqtt.type"] = lambda p: type(p.mqtt_src).__name__
     pr["sources.zmq.type"] = lambda p: type(p.zmq_src).__name__
-    # keys read at scrape time from the config by streamcorr.observe; their effect is tested in test_grafana
-    pr["http.pair_metrics_top_k"] = lambda p: p.daemon.cfg.http.pair_metrics_top_k
-    pr["http.pair_metrics_listed"] = lambda p: p.daemon.cfg.http.pair_metrics_listed
+    # read at scrape time by streamcorr.observe: count the pair gauges it exports for a 10-channel snapshot
+    pr["http.pair_metrics_top_k"] = lambda p: _pair_gauges(p, "top")
+    pr["http.pair_metrics_listed"] = lambda p: _pair_gauges(p, "listed")
     return pr
 
 
