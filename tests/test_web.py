@@ -397,6 +397,20 @@ def _gaussian_theta(a: str, b: str) -> np.ndarray | None:
     return np.clip(log_ratio, -5.0, 5.0)
 
 
+@contextlib.contextmanager
+def _page_on(chromium: Any, view: WebView, height: int = 820) -> Iterator[tuple[_ViewThread, Any]]:
+    """The view started and served from a background loop, and a Chromium page; both closed afterwards."""
+    served = _ViewThread(view)
+    page = chromium.new_page(viewport={"width": 1280, "height": height})
+    try:
+        served.run(view.start())
+        yield served, page
+    finally:
+        page.close()
+        with contextlib.suppress(Exception):  # a test may have stopped the server itself
+            served.close()
+
+
 def _hover_cell(page: Any, i: int, j: int) -> None:
     """Move the mouse over heatmap cell (i, j), by the geometry the page publishes on the canvas."""
     geo = page.eval_on_selector("#heatmap", "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell})")
@@ -410,11 +424,8 @@ def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
     import dataclasses
 
     rng = np.random.default_rng(19)
-    served = _ViewThread(WebView(port=0, table_fn=_gaussian_theta))
-    page = chromium.new_page(viewport={"width": 1280, "height": 820})
-    try:
+    with _page_on(chromium, WebView(port=0, table_fn=_gaussian_theta)) as (served, page):
         view = served.view
-        served.run(view.start())
         n = len(ARM_CHANNELS)
         mi = _arm_mi(rng, 0.0)
         source = np.ones((n, n), dtype=np.uint8)
@@ -443,20 +454,14 @@ def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
         _hover_cell(page, ni, nj)
         page.wait_for_selector("#detail-meta[data-source='1']", timeout=5000)
         assert "network estimate" in page.inner_text("#detail-meta")
-    finally:
-        page.close()
-        served.close()
 
 
 def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
     """In headless Chromium the heatmap follows snapshots, events list newest first, hover shows the pair's
     detail and table, the page reconnects after the server restarts; the page is captured as a screenshot."""
     rng = np.random.default_rng(9)
-    served = _ViewThread(WebView(port=0, table_fn=_gaussian_theta))
-    page = chromium.new_page(viewport={"width": 1280, "height": 820})
-    try:
+    with _page_on(chromium, WebView(port=0, table_fn=_gaussian_theta)) as (served, page):
         view = served.view
-        served.run(view.start())
         t0 = time.time_ns() - 60_000_000_000
         seq = 0
 
@@ -529,20 +534,13 @@ def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
         shot = SCREENSHOT if os.environ.get("STREAMCORR_SCREENSHOT") == "1" else tmp_path / "web_view.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.read_bytes()[:4] == b"\x89PNG"
-    finally:
-        page.close()
-        with contextlib.suppress(Exception):
-            served.close()
 
 
 def test_page_renders_64_channels_quickly(chromium: Any) -> None:
     """With 64 channels (2016 pairs) the page renders each snapshot in well under the 1 s snapshot period."""
     rng = np.random.default_rng(10)
     channels = [f"cell{k // 8}.j{k % 8}.gyro" for k in range(64)]
-    served = _ViewThread(WebView(port=0))
-    page = chromium.new_page(viewport={"width": 1280, "height": 1000})
-    try:
-        served.run(served.view.start())
+    with _page_on(chromium, WebView(port=0), height=1000) as (served, page):
         served.call(served.view.publish_snapshot, _snapshot(1, channels, _random_mi(rng, 64)))
         page.goto(served.view.url + "/")
         page.wait_for_selector("#heatmap[data-seq='1'][data-n='64']", timeout=5000)
@@ -554,7 +552,3 @@ def test_page_renders_64_channels_quickly(chromium: Any) -> None:
         assert int(page.get_attribute("#heatmap", "data-cell") or 0) >= 6  # every cell is still visible
         # 250 ms: a quarter of the snapshot period, loose for a shared 2-core machine (typically ~10 ms)
         assert max(render_ms) < 250, render_ms
-    finally:
-        page.close()
-        with contextlib.suppress(Exception):
-            served.close()
