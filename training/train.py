@@ -7,7 +7,10 @@ Without --out, writes training/runs/<name>/: checkpoint.pt (model, optimiser,
 step; resumed when present), loss.csv, eval.csv, config.yaml, model.safetensors.
 With --out DIR, writes only DIR/model.safetensors, best.safetensors (the
 evaluated snapshot with the smallest worst per-family validation MAE ratio to
-the start), loss.csv, eval.csv, config.yaml: no pickled optimiser state, no resume. Weights are saved every
+the start), loss.csv, eval.csv, config.yaml: no pickled optimiser state, no resume. With ``ema_decay``
+in the config, an exponential moving average of the weights is kept beside them and saved as
+ema.safetensors (and, with ``--out`` and ``snapshot_every_s``, as numbered ema-<step>.safetensors
+snapshots, to choose or average afterwards on data of one's own). Weights are saved every
 ``save_every_s`` seconds and at the end, with the model and data config (tie
 policy included) in the safetensors metadata. ``init`` in the config (or
 --init) starts from shipped weights. With --max-minutes, the learning-rate
@@ -153,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--init", default=None, help="start from these weights (overrides the config's init)")
     ap.add_argument("--workers", type=int, default=None, help="data worker processes (default: config)")
     ap.add_argument("--batch", type=int, default=None, help="override the config's batch size")
+    ap.add_argument("--lr", type=float, default=None, help="override the config's peak learning rate")
     args = ap.parse_args(argv)
     t_begin = time.perf_counter()
     cfg = yaml.safe_load(args.config.read_text())
-    for key in ("steps", "workers", "batch", "init"):
+    for key in ("steps", "workers", "batch", "init", "lr"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     budget_s = 60.0 * args.max_minutes if args.max_minutes else None
@@ -189,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         mcfg = InfoNetConfig(**cfg["model"])
         model = InfoNet(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    ema_decay = float(cfg.get("ema_decay", 0.0))
+    ema = (
+        torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(ema_decay))
+        if ema_decay
+        else None
+    )
     step, wall = 0, 0.0
     ckpt_path = run / "checkpoint.pt"
     if args.out is None and ckpt_path.exists():
@@ -240,13 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             best[0] = ev["worst_ratio"]
             save(name="best.safetensors", extra={"worst_ratio": round(ev["worst_ratio"], 4)})
 
-    def save(name: str = "model.safetensors", extra: dict[str, Any] | None = None) -> None:
-        loss_f.flush()
-        if args.out is None and name == "model.safetensors":
-            tmp = run / "checkpoint.tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
-            tmp.replace(ckpt_path)
-        meta = {
+    def weights_meta() -> dict[str, Any]:
+        return {
             "config": mcfg.to_dict(),
             "ties": dcfg.ties,
             "data": asdict(dcfg),
@@ -256,18 +261,34 @@ def main(argv: list[str] | None = None) -> int:
             "run": cfg["name"],
             "init": str(cfg.get("init") or ""),
             "init_run": init_meta.get("run", ""),
-            **(extra or {}),
+            **({"ema_decay": ema_decay} if ema is not None else {}),
         }
+
+    def save(name: str = "model.safetensors", extra: dict[str, Any] | None = None) -> None:
+        loss_f.flush()
+        if args.out is None and name == "model.safetensors":
+            tmp = run / "checkpoint.tmp"
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
+            tmp.replace(ckpt_path)
+        meta = {**weights_meta(), **(extra or {})}
         tmp_w = run / f"{name}.tmp"
         save_weights(model, tmp_w, meta)
         tmp_w.replace(run / name)
+        if ema is not None and name == "model.safetensors":
+            save_weights(ema.module, run / "ema.safetensors.tmp", meta)
+            (run / "ema.safetensors.tmp").replace(run / "ema.safetensors")
+
+    def snapshot() -> None:
+        if ema is not None and args.out is not None:
+            save_weights(ema.module, run / f"ema-{step:06d}.safetensors", weights_meta())
 
     gen = torch.Generator(device="cpu").manual_seed(cfg["seed"] + step)
     max_reuse = int(cfg.get("max_reuse", 1))  # steps per batch at most, when the data workers fall behind
     last: dict[str, torch.Tensor] | None = None
     uses = 0
     t0 = time.perf_counter() - wall
-    last_save = time.perf_counter()
+    last_save = last_snapshot = time.perf_counter()
+    snapshot_every_s = float(cfg.get("snapshot_every_s", 0.0))
     deadline = t_begin + budget_s - STOP_MARGIN_S if budget_s else math.inf
     if step == 0 and time.perf_counter() < deadline:
         log_eval()  # the starting point: random or init weights
@@ -300,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()
+        if ema is not None:
+            ema.update_parameters(model)
         step += 1
         wall = time.perf_counter() - t0
         mae = (est - batch["mi"]).abs().mean()
@@ -323,12 +346,16 @@ def main(argv: list[str] | None = None) -> int:
             if step % cfg["eval_every"]:
                 log_eval()
             last_save = time.perf_counter()
+        if snapshot_every_s and time.perf_counter() - last_snapshot >= snapshot_every_s:
+            snapshot()
+            last_snapshot = time.perf_counter()
     for w in workers:
         w.terminate()
     wall = time.perf_counter() - t0
     if step % cfg["eval_every"]:
         log_eval()
     save()
+    snapshot()
     loss_f.close()
     eval_f.close()
     print(json.dumps({"done": step, "wall_s": round(wall, 1), "out": str(run)}), flush=True)
