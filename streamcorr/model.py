@@ -13,6 +13,10 @@ DV read-out. Departures from the paper (see models/README.md for measurements):
   detail), and a learned separable smoother A theta A^T, initialised to a
   Gaussian blur, replaces the paper's fixed Gaussian smoothing. A 3 x 3
   convolution stack in that place cost 4x more CPU time (models/README.md).
+  With ``smoothers: 2`` the smoother is chosen per window: A = (1 - a) A0 + a A1,
+  a gate a in (0, 1) read from the latents, because one shared smoother has to
+  trade sharp copulas (narrow noise bands, high MI) against smooth ones (short
+  windows, mixtures). Same matrix-multiply cost as one smoother.
 - The table is read out bilinearly at the samples (exact via the linear-binned
   histogram) and the second DV term is taken exactly over the product of the
   window's marginal histograms instead of over shuffled pairs.
@@ -40,6 +44,7 @@ class InfoNetConfig:
     out_channels: int = 4  # C: channels per table node from the token head
     node_hidden: int = 16  # width of the per-node MLP
     min_window: int = 32  # shortest window (samples) the model was trained on
+    smoothers: int = 1  # 1: one learned smoother; 2: a per-window blend of two, gated by the latents
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -136,6 +141,13 @@ class InfoNet(nn.Module):
         pos = torch.arange(cfg.grid, dtype=torch.float32)
         blur = torch.exp(-0.5 * (pos[:, None] - pos[None, :]) ** 2)  # Gaussian, sigma = 1 node
         self.smoother = nn.Parameter(blur / blur.sum(dim=1, keepdim=True))  # (G, G), rows sum to 1
+        if cfg.smoothers not in (1, 2):
+            raise ValueError(f"smoothers must be 1 or 2, got {cfg.smoothers}")
+        if cfg.smoothers == 2:
+            self.smoother_sharp = nn.Parameter(torch.eye(cfg.grid))  # starts as no smoothing at all
+            self.gate = nn.Linear(d, 1)
+            nn.init.zeros_(self.gate.weight)
+            nn.init.constant_(self.gate.bias, -4.0)  # a ~ 0.02: starts close to the one-smoother network
 
     def forward(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         """Histograms (B, G, G), marginals (B, G) -> lookup table theta (B, G, G)."""
@@ -159,7 +171,11 @@ class InfoNet(nn.Module):
             else:
                 nodes = torch.cat([table, feats.permute(0, 2, 3, 1)], dim=-1)  # (B, G, G, C + 2)
                 theta = self.node_mlp(nodes)[..., 0]  # (B, G, G)
-            return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
+            if cfg.smoothers == 1:
+                return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
+            a = torch.sigmoid(self.gate(lat.float().mean(dim=1)))[:, :, None]  # (B, 1, 1)
+            smoother = (1.0 - a) * self.smoother + a * self.smoother_sharp  # (B, G, G)
+            return smoother @ theta @ smoother.transpose(1, 2)
 
 
 def log_mean_exp(theta: torch.Tensor, qx: torch.Tensor, qy: torch.Tensor) -> torch.Tensor:

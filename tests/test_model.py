@@ -81,3 +81,42 @@ def test_network_shapes_and_permutation_free_input():
     uniform = torch.full((1, 16, 16), 100.0)
     feats = input_features(uniform, uniform.sum(2), uniform.sum(1))
     assert feats.abs().max().item() < 1e-5
+
+
+def _small(smoothers: int) -> InfoNet:
+    cfg = InfoNetConfig(grid=16, patch=4, d_model=32, n_latents=8, n_heads=2, n_self_layers=1, smoothers=smoothers)
+    return InfoNet(cfg).eval()
+
+
+def test_closed_gate_gives_the_one_smoother_network_exactly():
+    """With the gate shut, a two-smoother network computes what the one-smoother network with the same weights does."""
+    torch.manual_seed(0)
+    one, two = _small(1), _small(2)
+    missing, _ = two.load_state_dict(one.state_dict(), strict=False)
+    assert set(missing) == {"smoother_sharp", "gate.weight", "gate.bias"}
+    with torch.no_grad():
+        two.smoother_sharp.normal_()  # anything: a shut gate must ignore it
+        two.gate.bias.fill_(-1e4)
+    hist = torch.rand(4, 16, 16) * 20
+    with torch.inference_mode():
+        torch.testing.assert_close(two(hist, hist.sum(2), hist.sum(1)), one(hist, hist.sum(2), hist.sum(1)))
+
+
+def test_the_gate_blends_the_smoothers_per_window():
+    """Each window gets its own blend: a batch gives each window the table it gets alone, and an open gate
+    moves the table towards the second smoother's."""
+    torch.manual_seed(1)
+    model = _small(2)
+    with torch.no_grad():
+        model.gate.weight.normal_(std=2.0)
+    hist = torch.rand(3, 16, 16) * 20
+    hist[1] = torch.diag(torch.full((16,), 50.0))  # a sharp copula beside two diffuse ones
+    with torch.inference_mode():
+        batch = model(hist, hist.sum(2), hist.sum(1))
+        for i in range(3):
+            h = hist[i : i + 1]
+            torch.testing.assert_close(batch[i : i + 1], model(h, h.sum(2), h.sum(1)), atol=1e-5, rtol=1e-5)
+        with torch.no_grad():
+            model.gate.bias.fill_(-1e4)
+        shut = model(hist, hist.sum(2), hist.sum(1))
+    assert (batch - shut).abs().amax(dim=(1, 2)).min() > 0  # the gate changed every window's table

@@ -3,11 +3,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from streamcorr import Estimator
+from streamcorr.model import InfoNet, InfoNetConfig
 from training.data import DataConfig, make_batch
 from training.mixtures import GaussianMixture, gaussian_mi, mc_mutual_information, random_mixture
+from training.train import _grow
 from training.train import main as train_main
 
 
@@ -70,33 +73,53 @@ def test_training_runs_checkpoints_and_resumes(tmp_path):
 
 
 def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
-    """--out with --max-minutes fine-tunes from init weights, stops in time, and writes only weights,
-    logs and config; the weights carry the jitter tie policy, which the Estimator then uses."""
+    """--out with --max-minutes fine-tunes from init weights, stops in time, and writes only weights (the EMA
+    and its snapshot too), logs and config; one-smoother init weights grow into the gated two-smoother
+    network; the weights carry the jitter tie policy, which the Estimator then uses."""
     import time
 
-    cfg = yaml.safe_load(Path("training/configs/infonet-v2.yaml").read_text())
+    cfg = yaml.safe_load(Path("training/configs/infonet-v2-gated.yaml").read_text())
     cfg.update(name="tiny-v2", batch=4, workers=1, eval_every=2, warmup_steps=1, val_mixtures=4, val_quantised=4)
-    cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
+    cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1, smoothers=1)
     cfg["data"].update(grid=16, max_window=256, n_fresh=128)
     cfg["init"] = None
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     assert train_main([str(path), "--device", "cpu", "--steps", "2", "--out", str(tmp_path / "a")]) == 0
     cfg["init"] = str(tmp_path / "a" / "model.safetensors")
+    cfg["model"]["smoothers"] = 2
     path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
     assert train_main([str(path), "--device", "cpu", "--max-minutes", "0.45", "--out", str(tmp_path / "b")]) == 0
     assert time.perf_counter() - t0 < 0.45 * 60 + 15
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [
+    names = sorted(p.name for p in (tmp_path / "b").iterdir())
+    snapshots = [n for n in names if n.startswith("ema-")]
+    assert len(snapshots) == 1 and not any(n.endswith((".pt", ".tmp")) for n in names)
+    assert [n for n in names if n not in snapshots] == [
         "best.safetensors",
         "config.yaml",
+        "ema.safetensors",
         "eval.csv",
         "loss.csv",
         "model.safetensors",
     ]
-    est = Estimator(tmp_path / "b" / "model.safetensors")
-    assert est.ties == "jitter" and est.meta["init"].endswith("model.safetensors")
-    assert np.isfinite(est.estimate(np.arange(100.0) // 10, np.arange(100.0) % 7))
+    for name in ("model.safetensors", "ema.safetensors", snapshots[0]):
+        est = Estimator(tmp_path / "b" / name)
+        assert est.ties == "jitter" and est.meta["init"].endswith("model.safetensors")
+        assert est.meta["config"]["smoothers"] == 2 and est.meta["ema_decay"] == cfg["ema_decay"]
+        assert np.isfinite(est.estimate(np.arange(100.0) // 10, np.arange(100.0) % 7))
+
+
+def test_a_fine_tune_may_only_grow_the_smoother():
+    """Init weights must match the config's model section except one smoother growing into two."""
+    cfg = yaml.safe_load(Path("training/configs/infonet-v2-gated.yaml").read_text())["model"]
+    small = {**cfg, "grid": 16, "patch": 4, "d_model": 16, "n_latents": 4, "n_heads": 2, "n_self_layers": 1}
+    init = InfoNet(InfoNetConfig(**{**small, "smoothers": 1}))
+    grown = _grow(init, InfoNetConfig(**small))
+    for name, value in init.state_dict().items():
+        assert torch.equal(grown.state_dict()[name], value)
+    with pytest.raises(SystemExit, match="differs from the init weights"):
+        _grow(init, InfoNetConfig(**{**small, "d_model": 32}))
 
 
 def test_symmetries_of_the_square_are_exact_for_histograms():

@@ -99,6 +99,17 @@ def symmetrise(batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str
     return {"hist": hist, "fresh": fresh, "mx": mx, "my": my, "mi": batch["mi"]}
 
 
+def _grow(init: InfoNet, cfg: InfoNetConfig) -> InfoNet:
+    """Start a two-smoother network from one-smoother weights (the only change of architecture a
+    fine-tune may make): every shared parameter is copied; the new ones keep their initial values."""
+    if {**init.cfg.to_dict(), "smoothers": cfg.smoothers} != cfg.to_dict() or init.cfg.smoothers != 1:
+        raise SystemExit(f"config model section {cfg.to_dict()} differs from the init weights' {init.cfg.to_dict()}")
+    model = InfoNet(cfg)
+    missing, unexpected = model.load_state_dict(init.state_dict(), strict=False)
+    assert not unexpected and set(missing) == {"smoother_sharp", "gate.weight", "gate.bias"}, (missing, unexpected)
+    return model
+
+
 def _truncate_logs(run: Path, step: int) -> None:
     """Drop log rows written after the checkpoint being resumed, so steps stay unique."""
     for name in ("loss.csv", "eval.csv"):
@@ -185,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     init_meta: dict[str, Any] = {}
     if cfg.get("init"):
         model, init_meta = load_model(cfg["init"], device)
-        mcfg = model.cfg
-        if InfoNetConfig(**{**mcfg.to_dict(), **cfg["model"]}) != mcfg:
-            raise SystemExit(f"config model section differs from the init weights' {mcfg.to_dict()}")
+        mcfg = InfoNetConfig(**{**model.cfg.to_dict(), **cfg["model"]})
+        if mcfg != model.cfg:
+            model = _grow(model, mcfg).to(device)
         model.train()
     else:
         mcfg = InfoNetConfig(**cfg["model"])
