@@ -15,7 +15,8 @@ milliseconds at every later start. Contract:
 * ``streamcorr compile`` builds it at once and waits (an image build, a deployment step);
 * ``STREAMCORR_AOT=0`` turns it off (eager only), for a machine without a C++ compiler or a test run.
 
-The package key: the weights' digest, torch's version, the CPU model and its instruction-set flags.
+The package key: the weights' digest, the network's source (model.py), torch's version, the CPU model and its
+instruction-set flags.
 """
 
 from __future__ import annotations
@@ -60,9 +61,18 @@ def _cpu_id() -> str:
     return f"{platform.machine()}|{model}|{flags}"
 
 
+def _model_source() -> str:
+    """Digest of the network's source: a package compiled from an older model.py must not be loaded."""
+    from . import model
+
+    return hashlib.sha256(Path(model.__file__).read_bytes()).hexdigest()[:16]
+
+
 def package_path(weights_digest: str) -> Path:
     """Where the package for these weights, this torch and this CPU lives."""
-    key = hashlib.sha256(f"{weights_digest}|{torch.__version__}|{_cpu_id()}".encode()).hexdigest()[:20]
+    key = hashlib.sha256(f"{weights_digest}|{torch.__version__}|{_cpu_id()}|{_model_source()}".encode()).hexdigest()[
+        :20
+    ]
     return cache_dir() / "aot" / f"infonet-{weights_digest[:12]}-{key}.pt2"
 
 

@@ -166,7 +166,10 @@ class InfoNet(nn.Module):
         table = out.float().view(b, s, s, p, p, c).transpose(2, 3).reshape(b, g, g, c)  # (B, G, G, C)
         # the table stays fp32 under autocast: bf16 rounding of theta moves the DV read-out by ~0.005 nats
         with torch.autocast(hist.device.type, enabled=False):
-            if torch.compiler.is_compiling():  # same function, written so the compiler fuses it into one kernel
+            # under a compiler, the same function written so that it fuses into one kernel; with two smoothers
+            # that kernel loses its vectorisation on a CPU (3.5x slower than the matrix-product form), so only
+            # the one-smoother network takes it
+            if torch.compiler.is_compiling() and cfg.smoothers == 1:
                 theta = unrolled_mlp([*table.unbind(-1), *feats.unbind(1)], self.node_mlp)
             else:
                 nodes = torch.cat([table, feats.permute(0, 2, 3, 1)], dim=-1)  # (B, G, G, C + 2)
@@ -174,8 +177,10 @@ class InfoNet(nn.Module):
             if cfg.smoothers == 1:
                 return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
             a = torch.sigmoid(self.gate(lat.float().mean(dim=1)))[:, :, None]  # (B, 1, 1)
-            smoother = (1.0 - a) * self.smoother + a * self.smoother_sharp  # (B, G, G)
-            return smoother @ theta @ smoother.transpose(1, 2)
+            # A theta A^T for A = (1 - a) A0 + a A1, written with the shared matrices (exactly equal): a
+            # per-window (B, G, G) smoother costs more as a batched product than these four shared ones
+            left = (1.0 - a) * (self.smoother @ theta) + a * (self.smoother_sharp @ theta)  # A theta
+            return (1.0 - a) * (left @ self.smoother.T) + a * (left @ self.smoother_sharp.T)  # (B, G, G)
 
 
 def log_mean_exp(theta: torch.Tensor, qx: torch.Tensor, qy: torch.Tensor) -> torch.Tensor:

@@ -105,3 +105,13 @@ def test_the_compile_command_reports_the_ready_package(built, capsys):
     assert main(["compile"]) == 0
     out = capsys.readouterr().out
     assert "ready:" in out and built.aot is not None and str(built.aot.path) in out
+
+
+def test_a_package_from_another_model_source_is_not_loaded(monkeypatch):
+    """The package key covers the network's source: after an upgrade changes model.py, the old package is not used."""
+    from streamcorr import aot
+
+    before = aot.package_path("ab" * 32)
+    monkeypatch.setattr(aot, "_model_source", lambda: "another model.py")
+    assert aot.package_path("ab" * 32) != before
+    assert aot.package_path("ab" * 32).name.startswith("infonet-abababababab-")
