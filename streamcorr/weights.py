@@ -1,8 +1,8 @@
 """Saving and loading InfoNet weights as safetensors (no pickle), config in the metadata.
 
-Shipped weights are named: ``infonet-v1`` (the default) and ``infonet-v2`` (fine-tuned from v1 on
-quantised, bounded-noise and high-MI data; see models/README.md for when it helps and when it does
-not). Anything else passed as weights is a path to a .safetensors file.
+Shipped weights are named: ``infonet-v1`` (the default) and ``infonet-v2`` (v1 grown to two gated
+smoothers and fine-tuned on quantised, bounded-noise and high-MI data; see models/README.md for when it
+helps and when it does not). Anything else passed as weights is a path to a .safetensors file.
 
 >>> weights_path("infonet-v2").name
 'infonet-v2.safetensors'

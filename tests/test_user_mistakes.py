@@ -78,18 +78,22 @@ def test_readme_subscriber_snippet_waits_longer_than_a_cold_first_snapshot():
 
 
 def test_common_windows_start_without_measuring_a_calibration(tmp_path, monkeypatch):
-    """The null calibrations shipped for windows 256-2048 match the shipped weights, and a first start with an
-    empty cache takes them instead of measuring (nothing is written to the cache)."""
+    """The null calibrations shipped for windows 256-2048 match the shipped weights (v1 and v2), and a first start
+    with an empty cache takes them instead of measuring (nothing is written to the cache)."""
     from streamcorr import changes
     from streamcorr.estimator import Estimator
+    from streamcorr.weights import SHIPPED_WEIGHTS
 
-    est = Estimator(device="cpu")
     shipped = sorted(changes.SHIPPED_NULL_DIR.glob("null-*.json"))
-    assert all(p.name.startswith(f"null-{est.fingerprint}-") for p in shipped), "recompute them for new weights"
-    windows = {p.name.removeprefix(f"null-{est.fingerprint}-").split("-")[0] for p in shipped}  # "-jitter" has a dash
-    assert windows >= {"256", "512", "1024", "2048"}
+    fingerprints = {Estimator(name, device="cpu").fingerprint for name in SHIPPED_WEIGHTS}
+    assert {p.name.split("-")[1] for p in shipped} == {f.split("-")[0] for f in fingerprints}, "recompute them"
     monkeypatch.setenv("STREAMCORR_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(changes, "_CALIBRATIONS", {})
-    cal = changes.cached_calibration(est.fingerprint, est.estimate_batch, 256, 1e-3, 0.1)
-    assert cal.window_len == 256 and cal.dependent_above > 0.1
+    for name in SHIPPED_WEIGHTS:
+        est = Estimator(name, device="cpu")
+        mine = [p for p in shipped if p.name.startswith(f"null-{est.fingerprint}-")]
+        windows = {p.name.removeprefix(f"null-{est.fingerprint}-").split("-")[0] for p in mine}  # "-jitter" has a dash
+        assert windows >= {"256", "512", "1024", "2048"}, name
+        monkeypatch.setattr(changes, "_CALIBRATIONS", {})
+        cal = changes.cached_calibration(est.fingerprint, est.estimate_batch, 256, 1e-3, 0.1)
+        assert cal.window_len == 256 and cal.dependent_above > 0.1
     assert not (tmp_path / "cache").exists()
