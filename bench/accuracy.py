@@ -1,11 +1,12 @@
 """Estimator accuracy on held-out data: paper Tables 2 and 3, Gaussians, high MI, window lengths.
 
     python -m bench.accuracy [--quick] [--weights PATH]
-    python -m bench.accuracy --order-only --weights PATH [--quick] [--tag NAME]
+    python -m bench.accuracy --order-only --weights PATH [--quick] [--tag NAME] [--window-len T]
 
 --order-only runs just the Table 3 protocol with the rows of bench.estimator_v2
 (KSG-3, v1 mid-ranks, v1 jittered ties, the candidate with its own tie policy)
-on the same triplets, and writes accuracy_order[_quick][_TAG].{md,json}.
+on the same triplets, and writes accuracy_order[_quick][_TAG][_T<T>].{md,json} (the suffix when T is not
+2000; shorter windows are fresh draws of the same triplets' mixtures).
 
 Ground truth: Monte-Carlo (>= 100k samples, SE reported) for mixtures, analytic
 for Gaussians. Test distributions come from seeds disjoint from training.
@@ -56,7 +57,7 @@ def order_only(args: argparse.Namespace) -> int:
     ests = _estimators(args.weights or args.v1, args.v1, not args.no_ksg)
     rows: list[dict[str, Any]] = []
     for k in range(1, 11):
-        w, mi, oracle = order_windows(k, n_ord)
+        w, mi, oracle = order_windows(k, n_ord, args.window_len)
         row: dict[str, Any] = {"k": k, "n": n_ord, "oracle": order_accuracy(oracle[:, 0], oracle[:, 1], mi),
                                "near_ties": float((np.abs(mi[:, 0] - mi[:, 1]) < 0.02).mean())}  # fmt: skip
         for name, est in ests.items():
@@ -65,7 +66,7 @@ def order_only(args: argparse.Namespace) -> int:
         print(row, flush=True)
     names = list(ests)
     md = [
-        f"# Table 3 protocol: correlation-order accuracy (%), T = 2000, {n_ord} triplets per K\n",
+        f"# Table 3 protocol: correlation-order accuracy (%), T = {args.window_len}, {n_ord} triplets per K\n",
         f"Candidate: `{args.weights}`; v1: `{args.v1}`.\n",
         "| estimator | " + " | ".join(str(r["k"]) for r in rows) + " | mean |",
         "|---|" + "---|" * (len(rows) + 1),
@@ -86,11 +87,13 @@ def order_only(args: argparse.Namespace) -> int:
         f"Bar (issue 13): the candidate at or above KSG-3 at every K. Below at K = {below or 'none'}.",
         "",
         f"Command: `python -m bench.accuracy --order-only --weights {args.weights}"
-        f"{' --quick' if args.quick else ''}{' --tag ' + args.tag if args.tag else ''}`; {wall:.0f} s.",
+        f"{' --quick' if args.quick else ''}{' --tag ' + args.tag if args.tag else ''}"
+        f"{f' --window-len {args.window_len}' if args.window_len != 2000 else ''}`; {wall:.0f} s.",
     ]
     data = {"env": environment(), "weights": args.weights, "v1": args.v1, "estimators": names, "order": rows,
             "below_ksg3_at_k": below, "wall_s": wall}  # fmt: skip
     name = ("accuracy_order_quick" if args.quick else "accuracy_order") + (f"_{args.tag}" if args.tag else "")
+    name += f"_T{args.window_len}" if args.window_len != 2000 else ""
     write_results(name, data, "\n".join(md))
     return 0
 
@@ -103,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--order-only", action="store_true", help="Table 3 only: KSG-3, v1 mid, v1 jitter, --weights")
     ap.add_argument("--v1", default="models/infonet-v1.safetensors")
     ap.add_argument("--tag", default="", help="with --order-only: results go to accuracy_order[_quick][_TAG]")
+    ap.add_argument("--window-len", type=int, default=2000, help="with --order-only: window length T")
     args = ap.parse_args(argv)
     if args.order_only:
         return order_only(args)
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     tables: dict[int, Any] = {t: eval_levels(est.estimate_batch, ls, window_len=t) for t in (2000, 200, 500, 5000)}
     order = []
     for k in range(1, 11):
-        w, mi, oracle = order_windows(k, n_ord)
+        w, mi, oracle = order_windows(k, n_ord, args.window_len)
         row = {
             "k": k,
             "n": n_ord,
