@@ -16,7 +16,7 @@ DV read-out. Departures from the paper (see models/README.md for measurements):
   With ``smoothers: 2`` the smoother is chosen per window: A = (1 - a) A0 + a A1,
   a gate a in (0, 1) read from the latents, because one shared smoother has to
   trade sharp copulas (narrow noise bands, high MI) against smooth ones (short
-  windows, mixtures). Same matrix-multiply cost as one smoother.
+  windows, mixtures). It costs two more G x G products per window.
 - The table is read out bilinearly at the samples (exact via the linear-binned
   histogram) and the second DV term is taken exactly over the product of the
   window's marginal histograms instead of over shuffled pairs.
