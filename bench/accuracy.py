@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     tables: dict[int, Any] = {t: eval_levels(est.estimate_batch, ls, window_len=t) for t in (2000, 200, 500, 5000)}
     order = []
     for k in range(1, 11):
-        w, mi, oracle = order_windows(k, n_ord, args.window_len)
+        w, mi, oracle = order_windows(k, n_ord)
         row = {
             "k": k,
             "n": n_ord,

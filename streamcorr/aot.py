@@ -70,9 +70,8 @@ def _model_source() -> str:
 
 def package_path(weights_digest: str) -> Path:
     """Where the package for these weights, this torch and this CPU lives."""
-    key = hashlib.sha256(f"{weights_digest}|{torch.__version__}|{_cpu_id()}|{_model_source()}".encode()).hexdigest()[
-        :20
-    ]
+    parts = (weights_digest, torch.__version__, _cpu_id(), _model_source())
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
     return cache_dir() / "aot" / f"infonet-{weights_digest[:12]}-{key}.pt2"
 
 

@@ -24,8 +24,8 @@ each average as DIR/NAME.safetensors with the first snapshot's metadata.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -129,18 +129,17 @@ def score(estimate: Any, s: dict[str, np.ndarray]) -> dict[str, float]:
     return out
 
 
-def _average(paths: list[str], dest: Path | None) -> str:
+def _average(paths: list[str], dest: Path) -> str:
+    """Element-wise mean of several weights files of one architecture, saved with the first one's metadata."""
     import torch
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
 
-    tensors = [load_file(p) for p in paths]
-    mean = {k: torch.stack([t[k] for t in tensors]).mean(0) for k in tensors[0]}
-    with safe_open(paths[0], framework="pt") as f:
-        meta = json.loads((f.metadata() or {})["streamcorr"])
-    meta["averaged_from"] = [Path(p).name for p in paths]
-    assert dest is not None
-    save_file(mean, str(dest), metadata={"streamcorr": json.dumps(meta)})
+    from streamcorr.weights import load_model, save_weights
+
+    loaded = [load_model(p) for p in paths]
+    model, meta = loaded[0]
+    states = [m.state_dict() for m, _ in loaded]
+    model.load_state_dict({k: torch.stack([sd[k] for sd in states]).mean(0) for k in states[0]})
+    save_weights(model, dest, {**meta, "averaged_from": [Path(p).name for p in paths]})
     return str(dest)
 
 
@@ -148,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("weights", nargs="*")
     ap.add_argument("--average", action="append", default=[], help="NAME=A,B,...: score the mean of these weights")
-    ap.add_argument("--write-average", type=Path, default=Path("/tmp"), help="where averaged weights are written")
+    ap.add_argument("--write-average", type=Path, default=Path(tempfile.gettempdir()), help="where averages go")
     args = ap.parse_args(argv)
     os.environ.setdefault("STREAMCORR_AOT", "0")  # eager network: no compiled package per candidate
     from streamcorr import Estimator
