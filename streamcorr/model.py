@@ -45,7 +45,6 @@ class InfoNetConfig:
     node_hidden: int = 16  # width of the per-node MLP
     min_window: int = 32  # shortest window (samples) the model was trained on
     smoothers: int = 1  # 1: one learned smoother; 2: a per-window blend of two, gated by the latents
-    sharp_hidden: int = 0  # with smoothers 2: > 0 gives the sharp smoother a node MLP of its own, this wide
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -149,12 +148,6 @@ class InfoNet(nn.Module):
             self.gate = nn.Linear(d, 1)
             nn.init.zeros_(self.gate.weight)
             nn.init.constant_(self.gate.bias, -4.0)  # a ~ 0.02: starts close to the one-smoother network
-        if cfg.sharp_hidden:
-            if cfg.smoothers != 2:
-                raise ValueError("sharp_hidden needs smoothers: 2")
-            self.node_mlp_sharp = nn.Sequential(
-                nn.Linear(cfg.out_channels + 2, cfg.sharp_hidden), nn.GELU(), nn.Linear(cfg.sharp_hidden, 1)
-            )
 
     def forward(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         """Histograms (B, G, G), marginals (B, G) -> lookup table theta (B, G, G)."""
@@ -184,10 +177,6 @@ class InfoNet(nn.Module):
             if cfg.smoothers == 1:
                 return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
             a = torch.sigmoid(self.gate(lat.float().mean(dim=1)))[:, :, None]  # (B, 1, 1)
-            if cfg.sharp_hidden:
-                # two branches blended after smoothing: the smooth one can stay exactly as trained alone
-                sharp = self.smoother_sharp @ self.node_mlp_sharp(nodes)[..., 0] @ self.smoother_sharp.T
-                return (1.0 - a) * (self.smoother @ theta @ self.smoother.T) + a * sharp
             # A theta A^T for A = (1 - a) A0 + a A1, written with the shared matrices (exactly equal): a
             # per-window (B, G, G) smoother costs more as a batched product than these four shared ones
             left = (1.0 - a) * (self.smoother @ theta) + a * (self.smoother_sharp @ theta)  # A theta

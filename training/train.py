@@ -100,34 +100,14 @@ def symmetrise(batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str
 
 
 def _grow(init: InfoNet, cfg: InfoNetConfig) -> InfoNet:
-    """Start a gated network from weights with fewer parts (the only change of architecture a fine-tune may
-    make): one smoother grows a second one and its gate; a gated network grows the sharp branch's own node MLP,
-    which starts as a copy of the shared one. Every shared parameter is copied; new ones keep their init."""
-    grown = {"smoothers": cfg.smoothers, "sharp_hidden": cfg.sharp_hidden}
-    if {**init.cfg.to_dict(), **grown} != cfg.to_dict() or cfg.smoothers != 2:
+    """Start a two-smoother network from one-smoother weights (the only change of architecture a
+    fine-tune may make): every shared parameter is copied; the new ones keep their initial values."""
+    if {**init.cfg.to_dict(), "smoothers": cfg.smoothers} != cfg.to_dict() or init.cfg.smoothers != 1:
         raise SystemExit(f"config model section {cfg.to_dict()} differs from the init weights' {init.cfg.to_dict()}")
     model = InfoNet(cfg)
     missing, unexpected = model.load_state_dict(init.state_dict(), strict=False)
-    new = {"smoother_sharp", "gate.weight", "gate.bias"} if init.cfg.smoothers == 1 else set()
-    if cfg.sharp_hidden and not init.cfg.sharp_hidden:
-        new |= {f"node_mlp_sharp.{k}" for k in model.node_mlp_sharp.state_dict()}
-        if cfg.sharp_hidden == cfg.node_hidden:
-            model.node_mlp_sharp.load_state_dict(init.node_mlp.state_dict())
-    assert not unexpected and set(missing) == new, (missing, unexpected)
+    assert not unexpected and set(missing) == {"smoother_sharp", "gate.weight", "gate.bias"}, (missing, unexpected)
     return model
-
-
-def _freeze(model: InfoNet, trainable: list[str] | None) -> list[torch.nn.Parameter]:
-    """Parameters to train: those whose names start with one of ``trainable`` (all when it is empty).
-    The rest stay as loaded and, having no gradient, cost no backward pass."""
-    params = []
-    for name, p in model.named_parameters():
-        p.requires_grad_(not trainable or any(name.startswith(t) for t in trainable))
-        if p.requires_grad:
-            params.append(p)
-    if not params:
-        raise SystemExit(f"trainable {trainable} names no parameter")
-    return params
 
 
 def _truncate_logs(run: Path, step: int) -> None:
@@ -223,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         mcfg = InfoNetConfig(**cfg["model"])
         model = InfoNet(mcfg).to(device)
-    params = _freeze(model, cfg.get("trainable"))
-    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     ema_decay = float(cfg.get("ema_decay", 0.0))
     ema = (
         torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(ema_decay))
@@ -351,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = -dv.mean() + cfg["readout_weight"] * mse
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg["grad_clip"])
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
         opt.step()
         if ema is not None:
             ema.update_parameters(model)
