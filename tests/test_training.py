@@ -72,6 +72,23 @@ def test_training_runs_checkpoints_and_resumes(tmp_path):
     assert np.isfinite(est.estimate(np.arange(100.0), np.arange(100.0) ** 2))
 
 
+def test_huber_readout_loss_trains_and_an_unknown_loss_is_refused(tmp_path):
+    """readout_loss: huber trains like the default MSE; any other name stops the run before it starts."""
+    cfg = yaml.safe_load(Path("training/configs/infonet-v2-huber.yaml").read_text())
+    cfg.update(name="tiny-huber", steps=2, batch=4, workers=1, eval_every=2, warmup_steps=1, init=None)
+    cfg.update(val_mixtures=4, val_quantised=4)
+    cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
+    cfg["data"].update(grid=16, max_window=256, n_fresh=128)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert train_main([str(path), "--device", "cpu", "--out", str(tmp_path / "a")]) == 0
+    with (tmp_path / "a" / "loss.csv").open() as f:
+        assert all(np.isfinite(float(r["loss"])) for r in csv.DictReader(f))
+    path.write_text(yaml.safe_dump({**cfg, "readout_loss": "l3"}))
+    with pytest.raises(SystemExit, match="readout_loss must be mse or huber"):
+        train_main([str(path), "--device", "cpu", "--out", str(tmp_path / "b")])
+
+
 def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
     """--out with --max-minutes fine-tunes from init weights, stops in time, and writes only weights (the EMA
     and its snapshot too), logs and config; one-smoother init weights grow into the gated two-smoother
