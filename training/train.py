@@ -168,10 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="data worker processes (default: config)")
     ap.add_argument("--batch", type=int, default=None, help="override the config's batch size")
     ap.add_argument("--lr", type=float, default=None, help="override the config's peak learning rate")
+    ap.add_argument("--snapshot-every-s", type=float, default=None, help="override the config's EMA snapshot period")
     args = ap.parse_args(argv)
     t_begin = time.perf_counter()
     cfg = yaml.safe_load(args.config.read_text())
-    for key in ("steps", "workers", "batch", "init", "lr"):
+    for key in ("steps", "workers", "batch", "init", "lr", "snapshot_every_s"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     budget_s = 60.0 * args.max_minutes if args.max_minutes else None
