@@ -73,7 +73,7 @@ def test_training_runs_checkpoints_and_resumes(tmp_path):
 
 
 def test_huber_readout_loss_trains_and_an_unknown_loss_is_refused(tmp_path):
-    """readout_loss: huber trains like the default MSE; any other name stops the run before it starts."""
+    """A run with readout_loss: huber trains to finite losses; any other name stops the run before it starts."""
     cfg = yaml.safe_load(Path("training/configs/infonet-v2-huber.yaml").read_text())
     cfg.update(name="tiny-huber", steps=2, batch=4, workers=1, eval_every=2, warmup_steps=1, init=None)
     cfg.update(val_mixtures=4, val_quantised=4)

@@ -185,16 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     if precision not in ("fp32", "tf32", "bf16"):
         raise SystemExit(f"precision must be fp32, tf32 or bf16; got {precision!r}")
     use_bf16 = device.type == "cuda" and precision == "bf16"
-    # readout_loss huber: squared error up to huber_delta nats, linear beyond, so that items no table can
-    # fit (the sharpest copulas) do not outweigh the many small mixture errors; weight it twice the MSE's
-    readout_loss = cfg.get("readout_loss", "mse")
-    if readout_loss not in ("mse", "huber"):
-        raise SystemExit(f"readout_loss must be mse or huber; got {readout_loss!r}")
-    huber_delta = float(cfg.get("huber_delta", 0.05)) if readout_loss == "huber" else None
-    huber = torch.nn.HuberLoss(delta=huber_delta or 1.0)
     if device.type == "cuda" and precision != "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    # huber: squared error up to huber_delta nats, linear beyond, so that items no table can fit (the
+    # sharpest copulas) do not outweigh the many small mixture errors
+    readout_loss = cfg.get("readout_loss", "mse")
+    if readout_loss not in ("mse", "huber"):
+        raise SystemExit(f"readout_loss must be mse or huber; got {readout_loss!r}")
+    readout_fn = (
+        torch.nn.HuberLoss(delta=float(cfg.get("huber_delta", 0.05))) if readout_loss == "huber" else torch.nn.MSELoss()
+    )
     run = args.out if args.out is not None else args.runs_dir / cfg["name"]
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         dv = fresh_dv(theta, batch["fresh"])
         est = dv_readout(theta, batch["hist"], batch["mx"], batch["my"])
         mse = ((est - batch["mi"]) ** 2).mean()
-        loss = -dv.mean() + cfg["readout_weight"] * (mse if huber_delta is None else huber(est, batch["mi"]))
+        loss = -dv.mean() + cfg["readout_weight"] * readout_fn(est, batch["mi"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
