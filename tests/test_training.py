@@ -54,9 +54,11 @@ def test_v2_batches_mix_all_families_with_jittered_ties():
 
 
 def test_training_runs_checkpoints_and_resumes(tmp_path):
-    """A tiny run trains, writes loss.csv and loadable safetensors weights, and resumes from its checkpoint."""
+    """A tiny run trains, writes loss.csv and loadable safetensors weights, and resumes from its checkpoint,
+    its weight average included (it goes on averaging instead of restarting from the resumed weights)."""
     cfg = yaml.safe_load(Path("training/configs/infonet-v1.yaml").read_text())
     cfg.update(name="tiny", steps=3, batch=4, workers=1, eval_every=3, checkpoint_every=3, warmup_steps=1)
+    cfg.update(ema_decay=0.9)
     cfg["val_mixtures"] = 4
     cfg["model"].update(grid=16, patch=4, d_model=16, n_latents=4, n_heads=2, n_self_layers=1)
     cfg["data"].update(grid=16, max_window=256, n_fresh=128)
@@ -67,6 +69,8 @@ def test_training_runs_checkpoints_and_resumes(tmp_path):
     with (tmp_path / "tiny" / "loss.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [1, 2, 3, 4, 5]
+    ckpt = torch.load(tmp_path / "tiny" / "checkpoint.pt", weights_only=True)
+    assert int(ckpt["ema"]["n_averaged"]) == 5  # 3 steps, then 2 more on the resumed average
     est = Estimator(tmp_path / "tiny" / "model.safetensors")
     assert est.meta["step"] == 5 and est.grid == 16 and est.ties == "mid"
     assert np.isfinite(est.estimate(np.arange(100.0), np.arange(100.0) ** 2))

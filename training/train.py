@@ -4,7 +4,7 @@
     python -m training.train training/configs/infonet-v2.yaml --device cuda --max-minutes 6 --out "$OUT"
 
 Without --out, writes training/runs/<name>/: checkpoint.pt (model, optimiser,
-step; resumed when present), loss.csv, eval.csv, config.yaml, model.safetensors.
+step, and the EMA; resumed when present), loss.csv, eval.csv, config.yaml, model.safetensors.
 With --out DIR, writes only DIR/model.safetensors, best.safetensors (the
 evaluated snapshot with the smallest worst per-family validation MAE ratio to
 the start), loss.csv, eval.csv, config.yaml: no pickled optimiser state, no resume. With ``ema_decay``
@@ -225,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
+        if ema is not None and "ema" in ckpt:  # the average goes on where it stopped instead of restarting
+            ema.load_state_dict(ckpt["ema"])
         step, wall = int(ckpt["step"]), float(ckpt["wall_s"])
         _truncate_logs(run, step)
         print(f"resumed {run} at step {step}", flush=True)
@@ -288,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         loss_f.flush()
         if args.out is None and name == "model.safetensors":
             tmp = run / "checkpoint.tmp"
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}, tmp)
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "wall_s": wall}
+            torch.save({**state, **({"ema": ema.state_dict()} if ema is not None else {})}, tmp)
             tmp.replace(ckpt_path)
         meta = {**weights_meta(), **(extra or {})}
         tmp_w = run / f"{name}.tmp"
