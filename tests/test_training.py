@@ -171,3 +171,20 @@ def test_symmetries_of_the_square_are_exact_for_histograms():
         out, ref = symmetrise(pack(d.window, d.fresh), torch.Generator().manual_seed(seed)), pack(w, f)
         for k in ("hist", "mx", "my", "fresh", "mi"):
             torch.testing.assert_close(out[k], ref[k], atol=1e-4, rtol=0)
+
+
+def test_shipped_null_calibrations_are_reproduced_and_stale_ones_removed(tmp_path):
+    """training.null_calibrations measures the shipped v1 file for window 256 again (to 1e-5 nats: eager and
+    compiled paths agree that far) under the same name, and removes files of weights no longer shipped."""
+    import json
+
+    from streamcorr.changes import SHIPPED_NULL_DIR
+    from training.null_calibrations import write_calibrations
+
+    stale = tmp_path / "null-0123456789abcdef-cpu-jitter-256-0.001-0.1.json"
+    stale.write_text("{}")
+    (path,) = write_calibrations(["infonet-v1"], [256], tmp_path)
+    shipped = json.loads((SHIPPED_NULL_DIR / path.name).read_text())
+    for key, value in json.loads(path.read_text()).items():
+        assert value == pytest.approx(shipped[key], abs=1e-5), key
+    assert not stale.exists()
