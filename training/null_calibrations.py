@@ -7,7 +7,7 @@ estimator's default tie policy, the calibration the engine would measure on a fi
 (streamcorr.changes.NullCalibration.measure at the default false-alarm rate and min_effect), written under
 the name its cache looks for. Files of fingerprints no shipped model has any more (replaced weights) are
 removed, so the folder always matches the weights (tests/test_user_mistakes.py checks it). Run it after
-replacing a shipped model: about a minute per window on 2 CPU cores.
+replacing a shipped model: 4-7 s per window on 2 CPU cores.
 """
 
 from __future__ import annotations
