@@ -1,7 +1,7 @@
 """Engine throughput: live 64-channel load, and a channels x window scaling table.
 
     python -m bench.engine_throughput live [--duration-s 300] [--channels 64] [--window 1024] [--all-dependent]
-        [--screening auto|on|off]
+        [--screening auto|on|off] [--weights infonet-v1]
     python -m bench.engine_throughput scaling [--quick]
 
 live: a producer pushes 100 Hz frames of C channels in real time (10 ms chunks)
@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from streamcorr.engine import Engine, EngineConfig
+from streamcorr.estimator import Estimator
 
 from .common import environment, rss_mb, write_results
 
@@ -59,11 +60,12 @@ async def _live(
     rate: float = 100.0,
     all_dependent: bool = False,
     screening: str = "auto",
+    weights: str | None = None,
 ) -> dict[str, object]:
     names = [f"ch{k:03d}" for k in range(n_ch)]
     cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000,
                        screening=screening)  # fmt: skip
-    eng = Engine(cfg)
+    eng = Engine(cfg, Estimator(**{**dict(cfg.estimator), "weights": weights}))
     rng = np.random.default_rng(0)
     data = _signals(n_ch, int(rate * (duration_s + 30)), rng, all_dependent)
     latencies: list[float] = []
@@ -95,6 +97,7 @@ async def _live(
     return {
         "channels": n_ch, "window_len": window, "rate_hz": rate, "duration_s": duration_s, "pairs": n_pairs,
         "chunk_ms": chunk_ms, "all_dependent": all_dependent, "screening": cfg.screening,
+        "weights": eng.est.meta.get("run", str(weights)),
         "pairs_screened": c.pairs_screened, "load_1min": os.getloadavg()[0],
         "hops": c.hops, "hops_skipped": c.hops_skipped,
         "pairs_refreshed_per_s": c.pairs_evaluated / duration_s,
@@ -114,12 +117,14 @@ def live(args: argparse.Namespace) -> None:
             args.chunk_ms,
             all_dependent=args.all_dependent,
             screening=args.screening,
+            weights=args.weights,
         )
     )
     total = sum(res["cpu_s"].values())  # type: ignore[union-attr]
     md = [f"## Live engine: {res['channels']} channels at {res['rate_hz']:.0f} Hz, window {res['window_len']}, "
           f"hop 1 s, all {res['pairs']} pairs{' (every pair dependent)' if res['all_dependent'] else ''}, "
-          f"{res['duration_s']:.0f} s, samples arrive as one frame of all channels every {res['chunk_ms']:.0f} ms; "
+          f"{res['duration_s']:.0f} s, weights {args.weights or 'default'} ({res['weights']}), "
+          f"samples arrive as one frame of all channels every {res['chunk_ms']:.0f} ms; "
           f"screening {res['screening']} ({res['pairs_screened']} cells given the screen's figure); machine load "
           f"average (1 min) at the end {res['load_1min']:.1f} (2 cores, shared)\n",
           f"- pairs refreshed per second once the first window is full: "
@@ -133,6 +138,7 @@ def live(args: argparse.Namespace) -> None:
     md += [f"| {k} | {v:.1f} | {100 * v / total:.0f}% |" for k, v in res["cpu_s"].items()]  # type: ignore[union-attr]
     name = f"engine_live_{res['channels']}ch_{res['window_len']}" + ("_all_dependent" if args.all_dependent else "")
     name += "" if args.screening == "auto" else f"_screening_{args.screening}"
+    name += f"_{args.weights}" if args.weights else ""
     write_results(name, {"env": environment(), **res}, "\n".join(md))
 
 
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--chunk-ms", type=float, default=100.0, help="producer sends all channels' samples this often")
     lv.add_argument("--all-dependent", action="store_true", help="every pair dependent: screening cannot help")
     lv.add_argument("--screening", choices=["auto", "on", "off"], default="auto", help="off: the baseline")
+    lv.add_argument("--weights", default=None, help="a shipped model name (default: the engine's default)")
     lv.set_defaults(func=live)
     sc = sub.add_parser("scaling")
     sc.add_argument("--quick", action="store_true")

@@ -380,7 +380,7 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run)
     comp = sub.add_parser("compile", help="build the network's ahead-of-time package for this CPU now (e.g. in an "
                           "image build) instead of in the background at the first start")  # fmt: skip
-    comp.add_argument("--weights", default=None, help="a shipped model name or a .safetensors path (default: v1)")
+    comp.add_argument("--weights", default=None, help="a shipped model name or a .safetensors path (default: v2)")
     comp.add_argument("--timeout-s", type=float, default=900.0)
     comp.set_defaults(func=_compile)
     from .cli_replay import add_replay_commands  # replay and report live in their own module

@@ -193,7 +193,7 @@ class EstimatorConfig(_Strict):
     compile: bool | Literal["aot"] | None = None
     batch_size: int = Field(128, ge=1, le=65_536)
     threads: int | None = Field(None, ge=1)
-    weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v1
+    weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v2
 
     @field_validator("weights")
     @classmethod

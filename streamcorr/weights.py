@@ -1,8 +1,9 @@
 """Saving and loading InfoNet weights as safetensors (no pickle), config in the metadata.
 
-Shipped weights are named: ``infonet-v1`` (the default) and ``infonet-v2`` (v1 grown to two gated
-smoothers and fine-tuned on quantised, bounded-noise and high-MI data; see models/README.md for when it
-helps and when it does not). Anything else passed as weights is a path to a .safetensors file.
+Shipped weights are named: ``infonet-v2`` (the default: v1 grown to two gated smoothers and fine-tuned on
+quantised, bounded-noise and high-MI data as well as the paper's mixtures) and ``infonet-v1`` (about 1.2x
+faster per pair on a CPU; models/README.md compares them). Anything else passed as weights is a path to a
+.safetensors file.
 
 >>> weights_path("infonet-v2").name
 'infonet-v2.safetensors'
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 # setuptools follows when it builds a wheel (package data), so an installed package holds real files.
 WEIGHTS_DIR = Path(__file__).parent / "data"
 SHIPPED_WEIGHTS = ("infonet-v1", "infonet-v2")
-DEFAULT_WEIGHTS_NAME = "infonet-v1"  # v2 is not better on every acceptance table (models/README.md)
+DEFAULT_WEIGHTS_NAME = "infonet-v2"  # at or above v1 on every issue-13 acceptance table (models/README.md)
 DEFAULT_WEIGHTS = WEIGHTS_DIR / f"{DEFAULT_WEIGHTS_NAME}.safetensors"
 # Tie policy for weights whose metadata names none (infonet-v1, trained on continuous data). Jittered ties equal
 # mid-ranks on untied data and cut v1's quantised-sensor MAE from 0.093 to 0.015 nats (bench/results/

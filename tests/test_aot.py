@@ -73,7 +73,7 @@ def test_a_later_start_loads_the_package_at_once(built, cache):
 
 def test_a_failed_build_leaves_the_eager_network_and_says_why(built, cache, caplog):
     """A build that failed (its record beside the package) is reported once and not retried; eager serves."""
-    est = Estimator(weights="infonet-v2")  # other weights: another package
+    est = Estimator(weights="infonet-v1")  # other weights: another package
     fwd = est._forward
     assert isinstance(fwd, AotForward)
     if fwd._child is not None:  # stop the real build: this test is about a recorded failure
@@ -83,11 +83,11 @@ def test_a_failed_build_leaves_the_eager_network_and_says_why(built, cache, capl
     fwd.path.unlink(missing_ok=True)
     fwd.path.with_suffix(".failed").write_text("CalledProcessError: no C++ compiler\n")
     with caplog.at_level(logging.WARNING, logger="streamcorr.aot"):
-        again = Estimator(weights="infonet-v2")
+        again = Estimator(weights="infonet-v1")
     assert again._forward.state == "failed" and "no C++ compiler" in caplog.text
     rng = np.random.default_rng(173)
     x = rng.standard_normal((4, 256))
-    assert np.abs(again.estimate_batch(x, x) - Estimator("infonet-v2", compile=False).estimate_batch(x, x)).max() == 0
+    assert np.abs(again.estimate_batch(x, x) - Estimator("infonet-v1", compile=False).estimate_batch(x, x)).max() == 0
 
 
 def test_the_off_switch_and_explicit_settings(monkeypatch):

@@ -20,7 +20,7 @@ def test_shipped_weights_load_without_network(est):
     """The default estimator loads the committed safetensors weights and their metadata."""
     assert est.meta["config"]["grid"] == est.grid
     assert est.meta["step"] > 0
-    shipped = Path(streamcorr.__file__).parent / "data" / "infonet-v1.safetensors"
+    shipped = Path(streamcorr.__file__).parent / "data" / "infonet-v2.safetensors"
     assert shipped.is_file()
     if shipped.is_symlink():  # a source checkout: the one copy lives in models/ (a wheel holds the file itself)
         assert shipped.resolve().parent.name == "models"

@@ -14,23 +14,23 @@ BASE = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5
 
 def test_every_shipped_name_resolves_to_a_file():
     """Each shipped name is a file in the package (a link into models/ in a checkout); None is the default."""
-    assert DEFAULT_WEIGHTS_NAME == "infonet-v1"
+    assert DEFAULT_WEIGHTS_NAME == "infonet-v2"
     for name in SHIPPED_WEIGHTS:
         assert weights_path(name).is_file(), name
-    assert weights_path(None) == weights_path("infonet-v1")
+    assert weights_path(None) == weights_path("infonet-v2")
     assert weights_path("some/dir/w.safetensors").name == "w.safetensors"  # anything else is a path
 
 
 def test_v1_and_v2_load_by_name_with_their_tie_policies():
     """infonet-v1 (no policy in its metadata) runs with the default, jittered ties; infonet-v2 carries 'jitter';
-    an explicit ties= overrides both. The default estimator is v1 with jitter."""
+    an explicit ties= overrides both. The default estimator is v2 with jitter."""
     v1, v2 = Estimator("infonet-v1"), Estimator("infonet-v2")
     assert "ties" not in v1.meta and v1.ties == DEFAULT_TIES == "jitter"
     assert v2.meta["ties"] == "jitter" and v2.meta["run"] == "infonet-v2-huber-cont" and v2.ties == "jitter"
     assert v2.meta["config"]["smoothers"] == 2 and "smoothers" not in v1.meta["config"]
     assert v1.fingerprint != v2.fingerprint
     default = Estimator()
-    assert default.fingerprint == v1.fingerprint and default.ties == "jitter"
+    assert default.fingerprint == v2.fingerprint and default.ties == "jitter"
     assert Estimator("infonet-v1", ties="mid").ties == "mid"
     rng = np.random.default_rng(11)
     x = rng.standard_normal(1000)
