@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 from streamcorr.changes import SHIPPED_NULL_DIR, NullCalibration
+from streamcorr.config import Changes
 from streamcorr.estimator import Estimator
 from streamcorr.weights import SHIPPED_WEIGHTS
 
-FALSE_ALARM_RATE = 1e-3  # the engine's defaults (EngineConfig), which the shipped files serve
-MIN_EFFECT = 0.1
+# the shipped files serve the engine's defaults (the config's changes section)
+FALSE_ALARM_RATE: float = Changes().false_alarm_rate
+MIN_EFFECT: float = Changes().min_effect
 
 
 def file_name(fingerprint: str, window_len: int) -> str:
