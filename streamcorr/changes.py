@@ -148,6 +148,11 @@ SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
 _CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
 
 
+def calibration_file_name(fingerprint: str, window_len: int, false_alarm_rate: float, min_effect: float) -> str:
+    """The cache file of one calibration (in the user's cache and in SHIPPED_NULL_DIR)."""
+    return f"null-{fingerprint}-{window_len}-{false_alarm_rate:g}-{min_effect:g}.json"
+
+
 def cached_calibration(
     fingerprint: str,
     estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
@@ -160,7 +165,7 @@ def cached_calibration(
     key = (fingerprint, window_len, false_alarm_rate, min_effect)
     if key in _CALIBRATIONS:
         return _CALIBRATIONS[key]
-    path = cache_dir() / f"null-{fingerprint}-{window_len}-{false_alarm_rate:g}-{min_effect:g}.json"
+    path = cache_dir() / calibration_file_name(fingerprint, window_len, false_alarm_rate, min_effect)
     cal: NullCalibration | None = None
     for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
         with contextlib.suppress(OSError, ValueError, TypeError):

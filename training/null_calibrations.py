@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from streamcorr.changes import SHIPPED_NULL_DIR, NullCalibration
+from streamcorr.changes import SHIPPED_NULL_DIR, NullCalibration, calibration_file_name
 from streamcorr.config import Changes
 from streamcorr.estimator import Estimator
 from streamcorr.weights import SHIPPED_WEIGHTS
@@ -26,11 +26,6 @@ from streamcorr.weights import SHIPPED_WEIGHTS
 # the shipped files serve the engine's defaults (the config's changes section)
 FALSE_ALARM_RATE: float = Changes().false_alarm_rate
 MIN_EFFECT: float = Changes().min_effect
-
-
-def file_name(fingerprint: str, window_len: int) -> str:
-    """The cache file name streamcorr.changes.cached_calibration looks for."""
-    return f"null-{fingerprint}-{window_len}-{FALSE_ALARM_RATE:g}-{MIN_EFFECT:g}.json"
 
 
 def write_calibrations(names: list[str], windows: list[int], out: Path) -> list[Path]:
@@ -44,7 +39,7 @@ def write_calibrations(names: list[str], windows: list[int], out: Path) -> list[
         for window_len in windows:
             t0 = time.perf_counter()
             cal = NullCalibration.measure(est.estimate_batch, window_len, FALSE_ALARM_RATE, MIN_EFFECT)
-            path = out / file_name(est.fingerprint, window_len)
+            path = out / calibration_file_name(est.fingerprint, window_len, FALSE_ALARM_RATE, MIN_EFFECT)
             path.write_text(json.dumps(dataclasses.asdict(cal)))
             written.append(path)
             print(f"{name} window {window_len}: {path.name} ({time.perf_counter() - t0:.0f} s)", flush=True)
