@@ -194,6 +194,8 @@ class EstimatorConfig(_Strict):
     batch_size: int = Field(128, ge=1, le=65_536)
     threads: int | None = Field(None, ge=1)
     weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v2
+    # estimates above 1.5 nats refined by the chain rule over quantile slabs (windows >= 512; Estimator docstring)
+    refine_high_mi: bool = True
 
     @field_validator("weights")
     @classmethod

@@ -19,16 +19,36 @@ import numpy as np
 import torch
 
 from .aot import AotForward, aot_enabled
-from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
+from .copula import Ties, check_ties, marginal_histograms, pair_histograms, quantile_slabs, rank_transform
 from .errors import InputError
 from .model import InfoNet, dv_readout
 from .tensor_path import TensorPath, device_batch_size
 from .weights import DEFAULT_TIES, load_model
 
-__all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"]
+__all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "refine_slabs", "sliced_mi"]
 
 NonFinite = Literal["raise", "drop"]
 Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
+
+
+# High-MI refinement (models/README.md, "High MI: the chain rule over slabs"): a G-node table cannot resolve a
+# copula sharper than its node spacing (plug-in ceiling), so estimates above REFINE_FROM_NATS are blended, fully
+# from REFINE_FULL_NATS, with I(S; V) + mean_k I(U; V | S = k) over quantile slabs S of U (each slab's copula is
+# stretched by the slab count). Below 1.5 nats the table resolves what the selection set holds; slabs shorter
+# than REFINE_SLAB_LEN samples overestimate their small conditional MI.
+REFINE_FROM_NATS = 1.5
+REFINE_FULL_NATS = 1.8
+REFINE_SLAB_LEN = 256
+REFINE_MAX_SLABS = 4
+
+
+def refine_slabs(window_len: int) -> int:
+    """Slabs per axis of the high-MI refinement for windows of this many samples; 1 means none.
+
+    >>> [refine_slabs(t) for t in (256, 512, 1024, 2000, 8192)]
+    [1, 2, 4, 4, 4]
+    """
+    return max(1, min(REFINE_MAX_SLABS, window_len // REFINE_SLAB_LEN))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -76,6 +96,8 @@ class Estimator:
 
     ``ties`` is the rank transform's tie policy ("mid" or "jitter", see streamcorr.copula);
     by default the one the weights were trained with (their metadata), else ``weights.DEFAULT_TIES`` ("jitter").
+    ``refine_high_mi`` refines estimates above 1.5 nats by the chain rule over quantile slabs (windows of
+    512 samples or more; up to 11 more network passes for such a pair, none for the others).
 
     >>> est = Estimator()
     >>> rng = np.random.default_rng(0)
@@ -96,6 +118,7 @@ class Estimator:
         ties: Ties | None = None,
         amp: bool | None = None,
         compile: bool | Literal["aot"] | None = None,
+        refine_high_mi: bool = True,
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
@@ -110,6 +133,7 @@ class Estimator:
             _tune_allocator()
         self.batch_size = batch_size
         self.nonfinite: NonFinite = nonfinite
+        self.refine_high_mi = refine_high_mi
         self.model: InfoNet
         self.model, self.meta = load_model(weights, self.device)
         # tie policy of the rank transform (streamcorr.copula): the weights' own unless overridden
@@ -129,6 +153,7 @@ class Estimator:
         for name, tensor in self.model.state_dict().items():
             digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
         self.fingerprint = f"{digest.hexdigest()[:16]}-{self.device.type}"  # identifies weights and device
+        # refine_high_mi is not in it: it changes only estimates above 1.5 nats, never an independent pair's
         if self.ties != "mid":
             self.fingerprint += f"-{self.ties}"  # ranks differ, so cached results (null calibrations) do too
         if self.amp:
@@ -216,6 +241,48 @@ class Estimator:
         mi = np.concatenate(out_mi) if out_mi else np.empty(0, np.float32)
         return (mi, np.concatenate(out_tab)) if tables else mi
 
+    def _refine(self, u: np.ndarray, v: np.ndarray, mi: np.ndarray) -> np.ndarray:
+        """High estimates mi (P,) of copula rows u, v (P, T) blended with the slab chain rule on both axes."""
+        slabs = refine_slabs(u.shape[1])
+        weight = np.clip((mi - REFINE_FROM_NATS) / (REFINE_FULL_NATS - REFINE_FROM_NATS), 0.0, 1.0)
+        k = np.flatnonzero(weight > 0)
+        if not self.refine_high_mi or slabs < 2 or k.size == 0:
+            return mi
+        chain = 0.5 * (self._chain(u[k], v[k], slabs) + self._chain(v[k], u[k], slabs))
+        out = mi.copy()
+        out[k] = np.maximum((1.0 - weight[k]) * mi[k] + weight[k] * chain, 0.0)
+        return out
+
+    def _chain(self, u: np.ndarray, v: np.ndarray, slabs: int) -> np.ndarray:
+        """I(S; V) + mean_k I(U; V | S = k) for S the quantile slab of u (copula.quantile_slabs): (P,)."""
+        s, su, sv = quantile_slabs(u, v, slabs)
+        # S is discrete: jitter inside each slab keeps I(S; V) exact (the copula module's tie policy)
+        a = [rank_transform(s, "jitter"), rank_transform(su, self.ties)]  # (P, T), (P * slabs, T // slabs)
+        b = [v, rank_transform(sv, self.ties)]
+        hist = [pair_histograms(ai, bi, self.grid) for ai, bi in zip(a, b, strict=True)]
+        mx = [marginal_histograms(ai, self.grid) for ai in a]
+        my = [marginal_histograms(bi, self.grid) for bi in b]
+        mi = self._run(np.concatenate(hist), np.concatenate(mx), np.concatenate(my)).astype(np.float64)
+        p = u.shape[0]
+        return mi[:p] + mi[p:].reshape(p, slabs).mean(axis=1)
+
+    def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray) -> np.ndarray:
+        """estimate_batch's refinement: ranks again only the rows it refines."""
+        rows = np.flatnonzero(mi > REFINE_FROM_NATS) if self.refine_high_mi else np.empty(0, np.int64)
+        if rows.size == 0:
+            return mi
+        out = mi.copy()
+        finite = np.isfinite(xa[rows]).all(axis=1) & np.isfinite(ya[rows]).all(axis=1)
+        whole = rows[finite]
+        if whole.size:
+            u = rank_transform(np.concatenate([xa[whole], ya[whole]]), self.ties)
+            out[whole] = self._refine(u[: whole.size], u[whole.size :], mi[whole])
+        for r in rows[~finite]:  # nonfinite="drop": each row over its own finite samples
+            keep = np.isfinite(xa[r]) & np.isfinite(ya[r])
+            u = rank_transform(np.stack([xa[r, keep], ya[r, keep]]), self.ties)
+            out[r] = self._refine(u[:1], u[1:], mi[r : r + 1])[0]
+        return out
+
     def estimate_ranks(
         self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray | None = None
     ) -> np.ndarray:
@@ -247,10 +314,13 @@ class Estimator:
             mi = self.estimate_histograms(pair_histograms(u, u, self.grid, iu, iv), marg[iu], marg[iv])
         constant = u.max(axis=1) == u.min(axis=1) if constant is None else np.asarray(constant, bool)
         mi[constant[iu] | constant[iv]] = 0.0
+        high = np.flatnonzero(mi > REFINE_FROM_NATS) if self.refine_high_mi else np.empty(0, np.int64)
+        if high.size:
+            mi[high] = self._refine(u[iu[high]], u[iv[high]], mi[high])
         return mi
 
     def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
-        """MI (P,) from precomputed rank histograms (P, G, G) and marginals (P, G)."""
+        """MI (P,) from precomputed rank histograms (P, G, G) and marginals (P, G); never refined (no samples)."""
         if hist.ndim != 3 or hist.shape[1:] != (self.grid, self.grid):
             raise InputError(f"hist must have shape (P, {self.grid}, {self.grid}); got {hist.shape}")
         mi = self._run(
@@ -273,7 +343,7 @@ class Estimator:
         hist, mx, my, constant = self._histograms(xa, ya)
         mi = self.estimate_histograms(hist, mx, my)
         mi[constant] = 0.0
-        return mi
+        return self._refine_rows(xa, ya, mi)
 
     def estimate(self, x: object, y: object) -> float:
         """MI in nats between two 1-D series of equal length."""
