@@ -5,7 +5,7 @@
 
 Rows: KSG-3 (scikit-learn), v1 with mid-ranks (today), v1 with jittered ties
 (the tie-policy comparison), and the candidate with its own tie policy (from
-its weights' metadata). Tables:
+its weights' metadata), without and with (its default) the high-MI refinement. Tables:
 
 1. Paper Table 2 protocol at T = 2000 (MAE and mean error per MI level), and
    MAE at T = 256 and 512 on the same mixtures (each window's first T samples).
@@ -112,8 +112,10 @@ def _estimators(weights: str, v1: str, ksg: bool) -> dict[str, Estimate]:
     ests: dict[str, Estimate] = {}
     if ksg:
         ests["KSG-3"] = KSG(3).estimate
-    ests["v1 mid"] = Estimator(v1, ties="mid").estimate_batch
-    ests["v1 jitter"] = Estimator(v1, ties="jitter").estimate_batch
+    # v1 as it shipped (the table alone); the candidate with and without the high-MI refinement (the default)
+    ests["v1 mid"] = Estimator(v1, ties="mid", refine_high_mi=False).estimate_batch
+    ests["v1 jitter"] = Estimator(v1, ties="jitter", refine_high_mi=False).estimate_batch
+    ests[f"candidate ({cand.ties}), table only"] = Estimator(weights, refine_high_mi=False).estimate_batch
     ests[f"candidate ({cand.ties})"] = cand.estimate_batch
     return ests
 
@@ -158,9 +160,23 @@ def speed_only(args: argparse.Namespace) -> int:
     for name, t in med.items():
         md.append(f"| {name} | {1e3 * best[name]:.3f} | {1e3 * t:.3f} | {best['KSG-3'] / best[name]:.1f}x | "
                   f"{med['KSG-3'] / t:.1f}x | {', '.join(f'{1e3 * x:.2f}' for x in times[name])} |")  # fmt: skip
+    # the refinement's cost where it acts: every pair above REFINE_FULL_NATS (Gaussians at rho = 0.995)
+    high = np.random.default_rng(13).multivariate_normal([0, 0], [[1, 0.995], [0.995, 1]], size=(256, 2000))
+    cand_names = [n for n in ests if n.startswith("candidate")]
+    high_t: dict[str, list[float]] = {n: [] for n in cand_names}
+    for _ in range(1 if args.quick else 3):
+        for name in cand_names:
+            t0 = time.perf_counter()
+            ests[name](high[..., 0], high[..., 1])
+            high_t[name].append((time.perf_counter() - t0) / 256)
+    high_med = {n: float(np.median(t)) for n, t in high_t.items()}
+    md += ["\nPairs above 1.5 nats (256 Gaussians at rho = 0.995, the same rounds' machine), ms per pair, median of "
+           f"{len(high_t[cand_names[0]])}: " + ", ".join(f"{n} {1e3 * t:.3f}" for n, t in high_med.items())
+           + f" (refined / table only: {high_med[cand_names[-1]] / high_med[cand_names[0]]:.1f}x)."]  # fmt: skip
     md.append(f"\nCommand: `python -m bench.estimator_v2 --speed-only --weights {args.weights}"
               f"{' --tag ' + args.tag if args.tag else ''}`.")  # fmt: skip
     data = {"env": environment(), "weights": args.weights, "s_per_pair_median": med, "s_per_pair_fastest": best,
+            "high_mi_s_per_pair_median": high_med,
             "rounds": times, "load_before": load_before, "load_after": _load()}  # fmt: skip
     write_results("estimator_v2_speed" + (f"_{args.tag}" if args.tag else ""), data, "\n".join(md))
     return 0

@@ -10,12 +10,17 @@ absolute error over independent windows:
 - non-monotone: y = f(x) + sigma * e with x, e standard normal, f = x^2 and
   sin(3x), at three noise levels;
 - high MI beyond training: Gaussians at rho = 0.995 and 0.999 (2.3, 3.1 nats);
+- sharp high MI (where the table's resolution runs out): Student-t nu = 3 at
+  rho = 0.995, y = x^2 + 0.05 e, y = sin(3x) + 0.05 e, and an ADC pair (a Gaussian
+  at rho = 0.998 with both axes quantised to 24 equal-width levels on [-3, 3];
+  exact discrete MI from bivariate normal cell probabilities), at T = 2000 and 512;
 - short windows: T = 64 and 128 on Gaussians and on y = x^2 + noise.
 
 Ground truth: exact for Gaussians; otherwise the Monte-Carlo mean of
 log p(x, y) - log p(x) - log p(y) over 200,000 samples (Student-t densities from
 scipy) or 50,000 (the noisy maps: p(y) by quadrature over x), with its standard error.
-Results: bench/results/out_of_family.{md,json}.
+Each weights file gives two columns: the estimator's default (high-MI refinement on) and
+its table alone (``refine_high_mi=False``). Results: bench/results/out_of_family.{md,json}.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from training.tasks import gaussian_mi
+from training.mixtures import GaussianMixture
+from training.tasks import cell_probabilities, gaussian_mi
 
 from .baselines import KSG
 from .common import environment, write_results
@@ -79,6 +85,23 @@ def gaussian(rho: float) -> tuple[Sampler, float, float]:
     return (lambda rng, n: rng.multivariate_normal([0.0, 0.0], cov, size=n)), gaussian_mi(rho), 0.0
 
 
+def adc_pair(rho: float, levels: int) -> tuple[Sampler, float, float]:
+    """A Gaussian pair read through two ADCs: equal-width levels on [-3, 3] (clipped outside)."""
+    edges = np.linspace(-3.0, 3.0, levels + 1)[1:-1]
+    gm = GaussianMixture(np.ones(1), np.zeros((1, 2)), np.array([[[1.0, rho], [rho, 1.0]]]))
+    pxy = cell_probabilities(gm, edges, edges)
+    pxy = pxy / pxy.sum()
+    outer = pxy.sum(1, keepdims=True) * pxy.sum(0, keepdims=True)
+    nz = pxy > 0
+    truth = float((pxy[nz] * np.log(pxy[nz] / outer[nz])).sum())
+
+    def sample(rng: np.random.Generator, n: int) -> np.ndarray:
+        z = rng.multivariate_normal([0.0, 0.0], [[1.0, rho], [rho, 1.0]], size=n)
+        return np.digitize(z, edges).astype(np.float64)
+
+    return sample, truth, 0.0
+
+
 def cases() -> list[tuple[str, str, Sampler, float, float, int, int]]:
     """(group, case, sampler, truth, its SE, window length, windows)."""
     out = []
@@ -90,6 +113,11 @@ def cases() -> list[tuple[str, str, Sampler, float, float, int, int]]:
             out.append(("non-monotone", f"y={name}+{sigma:g}e", *noisy_map(f, sigma), 2000, 20))
     for rho in (0.995, 0.999):
         out.append(("high MI", f"Gaussian rho={rho:g}", *gaussian(rho), 2000, 20))
+    for t in (2000, 512):
+        out.append(("sharp high MI", f"Student-t nu=3 rho=0.995, T={t}", *student_t(3.0, 0.995), t, 20))
+        out.append(("sharp high MI", f"y=x^2+0.05e, T={t}", *noisy_map(np.square, 0.05), t, 20))
+        out.append(("sharp high MI", f"y=sin(3x)+0.05e, T={t}", *noisy_map(_sin3, 0.05), t, 20))
+        out.append(("sharp high MI", f"ADC 24 levels rho=0.998, T={t}", *adc_pair(0.998, 24), t, 20))
     for t in (64, 128):
         for rho in (0.0, 0.5, 0.8):
             out.append(("short windows", f"Gaussian rho={rho:g}, T={t}", *gaussian(rho), t, 50))
@@ -107,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     ests: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {"KSG-3": KSG(3).estimate}
     for w in args.weights:
-        ests[os.path.basename(w).removesuffix(".safetensors")] = Estimator(w).estimate_batch
+        name = os.path.basename(w).removesuffix(".safetensors")
+        ests[name] = Estimator(w).estimate_batch
+        ests[f"{name}, table only"] = Estimator(w, refine_high_mi=False).estimate_batch
     names = list(ests)
     rng = np.random.default_rng(SEED)
     rows: list[dict[str, Any]] = []

@@ -98,3 +98,18 @@ def screen_statistic(u: np.ndarray, n_basis: int) -> np.ndarray:
                     total += cross * cross
             out[a, b] = t * total
     return out
+
+
+def quantile_slabs(u: np.ndarray, v: np.ndarray, slabs: int) -> tuple[np.ndarray, list[list[tuple[float, float]]]]:
+    """Slab of each sample by its u rank, and each slab's (u, v) pairs in order of u, row by row."""
+    p, t = u.shape
+    size = t // slabs
+    codes = np.empty((p, t))
+    rows = []
+    for r in range(p):
+        order = sorted(range(t), key=lambda i: (u[r, i], i))
+        for pos, i in enumerate(order):
+            codes[r, i] = min(pos // size, slabs - 1)
+        for k in range(slabs):
+            rows.append([(float(u[r, i]), float(v[r, i])) for i in order[k * size : (k + 1) * size]])
+    return codes, rows
