@@ -77,6 +77,10 @@ class _StoppableEstimator(Estimator):
         if self._stopping.is_set():
             raise EngineStopping("engine stopping")
 
+    def _run(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray, tables: bool = False) -> Any:
+        self._check()  # also between the high-MI refinement's passes
+        return super()._run(hist, mx, my, tables)
+
     def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
         out = []
         for k in range(0, len(hist), _STOP_CHUNK):
