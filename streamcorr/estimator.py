@@ -248,23 +248,35 @@ class Estimator:
         k = np.flatnonzero(weight > 0)
         if not self.refine_high_mi or slabs < 2 or k.size == 0:
             return mi
-        chain = 0.5 * (self._chain(u[k], v[k], slabs) + self._chain(v[k], u[k], slabs))
+        # both axes in one pass of the network: rows [I(S; V) (P), slabs (P * slabs)] per axis
+        (h1, x1, y1), (h2, x2, y2) = (
+            self._chain_histograms(u[k], v[k], slabs),
+            self._chain_histograms(v[k], u[k], slabs),
+        )
+        est = self._run(np.concatenate([h1, h2]), np.concatenate([x1, x2]), np.concatenate([y1, y2])).astype(np.float64)
+        p = k.size
+        per_axis = est.reshape(2, p * (1 + slabs))
+        chain = (per_axis[:, :p] + per_axis[:, p:].reshape(2, p, slabs).mean(axis=2)).mean(axis=0)
         out = mi.copy()
         out[k] = np.maximum((1.0 - weight[k]) * mi[k] + weight[k] * chain, 0.0)
         return out
 
-    def _chain(self, u: np.ndarray, v: np.ndarray, slabs: int) -> np.ndarray:
-        """I(S; V) + mean_k I(U; V | S = k) for S the quantile slab of u (copula.quantile_slabs): (P,)."""
+    def _chain_histograms(self, u: np.ndarray, v: np.ndarray, slabs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Histograms of I(S; V) + mean_k I(U; V | S = k), S the quantile slab of u (copula.quantile_slabs):
+        hist (P * (1 + slabs), G, G), mx, my (P * (1 + slabs), G); rows [I(S; V) (P), slab k of pair p]."""
         s, su, sv = quantile_slabs(u, v, slabs)
         # S is discrete: jitter inside each slab keeps I(S; V) exact (the copula module's tie policy)
-        a = [rank_transform(s, "jitter"), rank_transform(su, self.ties)]  # (P, T), (P * slabs, T // slabs)
-        b = [v, rank_transform(sv, self.ties)]
-        hist = [pair_histograms(ai, bi, self.grid) for ai, bi in zip(a, b, strict=True)]
-        mx = [marginal_histograms(ai, self.grid) for ai in a]
-        my = [marginal_histograms(bi, self.grid) for bi in b]
-        mi = self._run(np.concatenate(hist), np.concatenate(mx), np.concatenate(my)).astype(np.float64)
-        p = u.shape[0]
-        return mi[:p] + mi[p:].reshape(p, slabs).mean(axis=1)
+        s = rank_transform(s, "jitter")
+        if self.ties == "jitter":  # u has no ties, and each slab holds its u in order: its ranks are 0..n-1
+            n = su.shape[1]
+            su = np.broadcast_to((np.arange(n) + 0.5) / n, su.shape)
+        else:
+            su = rank_transform(su, self.ties)
+        sv = rank_transform(sv, self.ties)
+        hist = np.concatenate([pair_histograms(s, v, self.grid), pair_histograms(su, sv, self.grid)])
+        mx = np.concatenate([marginal_histograms(s, self.grid), marginal_histograms(su, self.grid)])
+        my = np.concatenate([marginal_histograms(v, self.grid), marginal_histograms(sv, self.grid)])
+        return hist, mx, my
 
     def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray) -> np.ndarray:
         """estimate_batch's refinement: ranks again only the rows it refines."""
