@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13, round 8, for the next lent GPU machine (16 cores): round 7 (training/configs/infonet-v2-huber-cont.yaml,
+# Issue 13, for the next lent GPU machine (16 cores): round 7's recipe (training/configs/infonet-v2-huber-cont.yaml,
 # run on the 2-core CPU in session 7, whose mixture error was still falling when its 75 minutes ran out)
 # continued from the shipped infonet-v2 for 8 minutes with 15 data workers, an EMA snapshot every minute.
 # Bring back $OUT/run-c.tar; choose with python -m training.select.
