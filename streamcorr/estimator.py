@@ -41,8 +41,8 @@ Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G
 
 # High-MI refinement (models/README.md, "High MI: the chain rule over slabs"): a G-node table cannot resolve a
 # copula sharper than its node spacing (plug-in ceiling), so estimates above REFINE_FROM_NATS are blended, fully
-# from REFINE_FULL_NATS, with I(S; V) + mean_k I(U; V | S = k) over quantile slabs S of U (each slab's copula is
-# stretched by the slab count). Below 1.5 nats the table resolves what the selection set holds; slabs shorter
+# from REFINE_FULL_NATS, with I(S; V) + mean_k I(U; V | S = k) over quantile slabs S of U, U the pair's more
+# informative axis (each slab's copula is stretched by the slab count). Below 1.5 nats the table resolves what the selection set holds; slabs shorter
 # than REFINE_SLAB_LEN samples overestimate their small conditional MI.
 REFINE_FROM_NATS = 1.5
 REFINE_FULL_NATS = 1.8
