@@ -19,65 +19,17 @@ import numpy as np
 import torch
 
 from .aot import AotForward, aot_enabled
-from .copula import Ties, check_ties, marginal_histograms, pair_histograms, quantile_slabs, rank_transform
+from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
 from .errors import InputError
 from .model import InfoNet, dv_readout
+from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
 from .tensor_path import TensorPath, device_batch_size
 from .weights import DEFAULT_TIES, load_model
 
-__all__ = [
-    "Estimator",
-    "default_estimator",
-    "estimate_mi",
-    "estimate_mi_batch",
-    "refine_slabs",
-    "slab_information",
-    "sliced_mi",
-]
+__all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch", "sliced_mi"]
 
 NonFinite = Literal["raise", "drop"]
 Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
-
-
-# High-MI refinement (models/README.md, "High MI: the chain rule over slabs"): a G-node table cannot resolve a
-# copula sharper than its node spacing (plug-in ceiling), so estimates above REFINE_FROM_NATS are blended, fully
-# from REFINE_FULL_NATS, with I(S; V) + mean_k I(U; V | S = k) over quantile slabs S of U, U the pair's more
-# informative axis (each slab's copula is stretched by the slab count). Below 1.5 nats the table resolves what the selection set holds; slabs shorter
-# than REFINE_SLAB_LEN samples overestimate their small conditional MI.
-REFINE_FROM_NATS = 1.5
-REFINE_FULL_NATS = 1.8
-REFINE_SLAB_LEN = 256
-REFINE_MAX_SLABS = 4
-
-
-def refine_slabs(window_len: int) -> int:
-    """Slabs per axis of the high-MI refinement for windows of this many samples; 1 means none.
-
-    >>> [refine_slabs(t) for t in (256, 512, 1024, 2000, 8192)]
-    [1, 2, 4, 4, 4]
-    """
-    return max(1, min(REFINE_MAX_SLABS, window_len // REFINE_SLAB_LEN))
-
-
-def slab_information(u: np.ndarray, v: np.ndarray, slabs: int, bins: int = 16) -> np.ndarray:
-    """Plug-in MI (nats) between u's quantile slab and v in ``bins`` equal bins, per row of u, v (P, T): (P,).
-
-    A cheap proxy for I(S; V), used only to compare the two ways of cutting one pair.
-
-    >>> u = (np.arange(8) + 0.5) / 8
-    >>> slab_information(u[None], u[None], 2).round(3)  # v's bin tells u's half: log 2
-    array([0.693])
-    >>> slab_information(u[None], np.full((1, 8), 0.5), 2).round(3)  # v constant: nothing
-    array([0.])
-    """
-    p, t = u.shape
-    s = np.minimum((u * slabs).astype(np.int64), slabs - 1)
-    b = np.minimum((v * bins).astype(np.int64), bins - 1)
-    cells = np.arange(p)[:, None] * (slabs * bins) + s * bins + b
-    joint = np.bincount(cells.ravel(), minlength=p * slabs * bins).reshape(p, slabs, bins) / t
-    outer = joint.sum(axis=2, keepdims=True) * joint.sum(axis=1, keepdims=True)
-    ratio = np.divide(joint, outer, out=np.ones_like(joint), where=joint > 0)
-    return (joint * np.log(ratio)).sum(axis=(1, 2))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -125,8 +77,8 @@ class Estimator:
 
     ``ties`` is the rank transform's tie policy ("mid" or "jitter", see streamcorr.copula);
     by default the one the weights were trained with (their metadata), else ``weights.DEFAULT_TIES`` ("jitter").
-    ``refine_high_mi`` refines estimates above 1.5 nats by the chain rule over quantile slabs (windows of
-    512 samples or more; up to 5 more network passes for such a pair, none for the others).
+    ``refine_high_mi`` refines estimates above 1.5 nats by the chain rule over quantile slabs (streamcorr.refine;
+    windows of 512 samples or more; up to 5 more network passes for such a pair, none for the others).
 
     >>> est = Estimator()
     >>> rng = np.random.default_rng(0)
@@ -271,44 +223,17 @@ class Estimator:
         return (mi, np.concatenate(out_tab)) if tables else mi
 
     def _refine(self, u: np.ndarray, v: np.ndarray, mi: np.ndarray) -> np.ndarray:
-        """High estimates mi (P,) of copula rows u, v (P, T) blended with the slab chain rule.
-
-        Each pair is cut along the axis whose slabs carry more of the dependence (``slab_information``): the
-        discrete term I(S; V) is read well, the conditional slabs carry the table's resolution error, so the
-        less MI is left to them the better (on a non-monotone y = f(x) + noise that is y's axis). The choice
-        is symmetric: swapping x and y gives the same estimate.
-        """
+        """High estimates mi (P,) of copula rows u, v (P, T) blended with the slab chain rule (streamcorr.refine)."""
         slabs = refine_slabs(u.shape[1])
-        weight = np.clip((mi - REFINE_FROM_NATS) / (REFINE_FULL_NATS - REFINE_FROM_NATS), 0.0, 1.0)
+        weight = refine_weight(mi)
         k = np.flatnonzero(weight > 0)
         if not self.refine_high_mi or slabs < 2 or k.size == 0:
             return mi
-        uk, vk = u[k], v[k]
-        swap = (slab_information(vk, uk, slabs) > slab_information(uk, vk, slabs))[:, None]
-        hist, mx, my = self._chain_histograms(np.where(swap, vk, uk), np.where(swap, uk, vk), slabs)
-        est = self._run(hist, mx, my).astype(np.float64)
-        p = k.size
-        chain = est[:p] + est[p:].reshape(p, slabs).mean(axis=1)
+        hist, mx, my = chain_histograms(u[k], v[k], slabs, self.grid, self.ties)
+        chain = chain_mi(self._run(hist, mx, my), slabs)
         out = mi.copy()
         out[k] = np.maximum((1.0 - weight[k]) * mi[k] + weight[k] * chain, 0.0)
         return out
-
-    def _chain_histograms(self, u: np.ndarray, v: np.ndarray, slabs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Histograms of I(S; V) + mean_k I(U; V | S = k), S the quantile slab of u (copula.quantile_slabs):
-        hist (P * (1 + slabs), G, G), mx, my (P * (1 + slabs), G); rows [I(S; V) (P), slab k of pair p]."""
-        s, su, sv = quantile_slabs(u, v, slabs)
-        # S is discrete: jitter inside each slab keeps I(S; V) exact (the copula module's tie policy)
-        s = rank_transform(s, "jitter")
-        if self.ties == "jitter":  # u has no ties, and each slab holds its u in order: its ranks are 0..n-1
-            n = su.shape[1]
-            su = np.broadcast_to((np.arange(n) + 0.5) / n, su.shape)
-        else:
-            su = rank_transform(su, self.ties)
-        sv = rank_transform(sv, self.ties)
-        hist = np.concatenate([pair_histograms(s, v, self.grid), pair_histograms(su, sv, self.grid)])
-        mx = np.concatenate([marginal_histograms(s, self.grid), marginal_histograms(su, self.grid)])
-        my = np.concatenate([marginal_histograms(v, self.grid), marginal_histograms(sv, self.grid)])
-        return hist, mx, my
 
     def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray) -> np.ndarray:
         """estimate_batch's refinement: ranks again only the rows it refines."""

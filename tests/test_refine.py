@@ -132,7 +132,7 @@ def test_the_cut_follows_the_informative_axis_and_is_symmetric(est, table_only):
     """On a non-monotone band the slabs of y carry more of the dependence than those of x, so y is cut, and
     swapping the arguments of a fully refined pair gives the same estimate."""
     from streamcorr.copula import rank_transform
-    from streamcorr.estimator import slab_information
+    from streamcorr.refine import slab_information
 
     rng = np.random.default_rng(75)
     x = rng.uniform(size=2000)
