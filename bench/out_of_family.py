@@ -36,7 +36,7 @@ import numpy as np
 from scipy import stats
 
 from training.mixtures import GaussianMixture
-from training.tasks import cell_probabilities, gaussian_mi
+from training.tasks import cell_mi, cell_probabilities, gaussian_mi
 
 from .baselines import KSG
 from .common import environment, write_results
@@ -90,10 +90,7 @@ def adc_pair(rho: float, levels: int) -> tuple[Sampler, float, float]:
     edges = np.linspace(-3.0, 3.0, levels + 1)[1:-1]
     gm = GaussianMixture(np.ones(1), np.zeros((1, 2)), np.array([[[1.0, rho], [rho, 1.0]]]))
     pxy = cell_probabilities(gm, edges, edges)
-    pxy = pxy / pxy.sum()
-    outer = pxy.sum(1, keepdims=True) * pxy.sum(0, keepdims=True)
-    nz = pxy > 0
-    truth = float((pxy[nz] * np.log(pxy[nz] / outer[nz])).sum())
+    truth = cell_mi(pxy / pxy.sum())
 
     def sample(rng: np.random.Generator, n: int) -> np.ndarray:
         z = rng.multivariate_normal([0.0, 0.0], [[1.0, rho], [rho, 1.0]], size=n)

@@ -222,22 +222,25 @@ class Estimator:
         mi = np.concatenate(out_mi) if out_mi else np.empty(0, np.float32)
         return (mi, np.concatenate(out_tab)) if tables else mi
 
+    def _refinable(self, mi: np.ndarray, window_len: int) -> np.ndarray:
+        """Indices of the estimates (P,) the high-MI refinement takes, for windows of window_len samples."""
+        if not self.refine_high_mi or refine_slabs(window_len) < 2:
+            return np.empty(0, np.int64)
+        return np.flatnonzero(mi > REFINE_FROM_NATS)
+
     def _refine(self, u: np.ndarray, v: np.ndarray, mi: np.ndarray) -> np.ndarray:
-        """High estimates mi (P,) of copula rows u, v (P, T) blended with the slab chain rule (streamcorr.refine)."""
+        """Estimates mi (P,) that _refinable chose, of copula rows u, v (P, T), blended with the slab chain rule
+        (streamcorr.refine)."""
         slabs = refine_slabs(u.shape[1])
-        weight = refine_weight(mi)
-        k = np.flatnonzero(weight > 0)
-        if not self.refine_high_mi or slabs < 2 or k.size == 0:
+        if slabs < 2:  # a row that dropping non-finite samples left short
             return mi
-        hist, mx, my = chain_histograms(u[k], v[k], slabs, self.grid, self.ties)
-        chain = chain_mi(self._run(hist, mx, my), slabs)
-        out = mi.copy()
-        out[k] = np.maximum((1.0 - weight[k]) * mi[k] + weight[k] * chain, 0.0)
-        return out
+        hist, mx, my = chain_histograms(u, v, slabs, self.grid, self.ties)
+        weight = refine_weight(mi)
+        return np.maximum((1.0 - weight) * mi + weight * chain_mi(self._run(hist, mx, my), slabs), 0.0)
 
     def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray) -> np.ndarray:
         """estimate_batch's refinement: ranks again only the rows it refines."""
-        rows = np.flatnonzero(mi > REFINE_FROM_NATS) if self.refine_high_mi else np.empty(0, np.int64)
+        rows = self._refinable(mi, xa.shape[1])
         if rows.size == 0:
             return mi
         out = mi.copy()
@@ -283,7 +286,7 @@ class Estimator:
             mi = self.estimate_histograms(pair_histograms(u, u, self.grid, iu, iv), marg[iu], marg[iv])
         constant = u.max(axis=1) == u.min(axis=1) if constant is None else np.asarray(constant, bool)
         mi[constant[iu] | constant[iv]] = 0.0
-        high = np.flatnonzero(mi > REFINE_FROM_NATS) if self.refine_high_mi else np.empty(0, np.int64)
+        high = self._refinable(mi, u.shape[1])
         if high.size:
             mi[high] = self._refine(u[iu[high]], u[iv[high]], mi[high])
         return mi

@@ -50,6 +50,7 @@ __all__ = [
     "TaskMix",
     "bounded_noise_draw",
     "bounded_noise_mi",
+    "cell_mi",
     "eval_levels",
     "gaussian_mi",
     "gaussian_mixture",
@@ -164,6 +165,13 @@ def cell_probabilities(gm: GaussianMixture, tx: np.ndarray, ty: np.ndarray) -> n
     return np.clip(np.einsum("k,kij->ij", gm.weights, rect), 0.0, None)
 
 
+def cell_mi(cells: np.ndarray) -> float:
+    """Discrete MI (nats) of a joint probability table (Lx, Ly)."""
+    outer = np.outer(cells.sum(1), cells.sum(0))
+    m = cells > 0
+    return float((cells[m] * np.log(cells[m] / outer[m])).sum())
+
+
 def _log_interval(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """log(Phi(b) - Phi(a)) for a < b, accurate in both tails."""
     upper = a > 0  # in the upper tail use Phi(-a) - Phi(-b)
@@ -206,8 +214,7 @@ def quantised_draw(gm: GaussianMixture, quant: Quantiser, rng: np.random.Generat
     if all(quantised):
         cells = cell_probabilities(gm, thr[0], thr[1])  # (Lx, Ly)
         px, py = cells.sum(1), cells.sum(0)
-        m = cells > 0
-        mi = float((cells[m] * np.log(cells[m] / np.outer(px, py)[m])).sum())
+        mi = cell_mi(cells)
         uv[:, 0] = _jittered_u(fresh_q[:, 0], px, rng)
         uv[:, 1] = _jittered_u(fresh_q[:, 1], py, rng)
         return Draw(window, uv, max(mi, 0.0), 0.0)
