@@ -8,9 +8,10 @@ refines estimates above ``REFINE_FROM_NATS`` (fully from ``REFINE_FULL_NATS``, l
 which is exact. Inside a slab the copula is stretched by the slab count, so the same network resolves it; S is
 discrete, and the jittered-ties rank transform reads I(S; V) exactly. U is the pair's more informative axis
 (``slab_information``): the conditional slabs carry the table's resolution error, so the less MI is left to
-them the better. Below 1.5 nats the table resolves what the selection set holds; slabs shorter than
-``REFINE_SLAB_LEN`` samples overestimate their small conditional MI. Pure numpy and Numba; the network runs
-in the estimator.
+them the better. Every row is read rising (v reflected where its rank correlation with u is negative), so a
+falling pair gets the rising pair's estimate. Below 1.5 nats the table resolves what the selection set holds;
+slabs shorter than ``REFINE_SLAB_LEN`` samples overestimate their small conditional MI. Pure numpy and Numba;
+the network runs in the estimator.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def slab_information(u: np.ndarray, v: np.ndarray, slabs: int, bins: int = 16) -
     return (joint * np.log(ratio)).sum(axis=(1, 2))
 
 
+def _orient(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """b (P, n), reflected (1 - b) in the rows where its rank correlation with a is negative: MI is unchanged,
+    and the network, which is not exactly reflection-invariant, always reads the rising orientation."""
+    rising = ((a - 0.5) * (b - 0.5)).sum(axis=1, keepdims=True) >= 0
+    return np.where(rising, b, 1.0 - b)
+
+
 def chain_histograms(
     u: np.ndarray, v: np.ndarray, slabs: int, grid: int, ties: Ties
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,6 +91,7 @@ def chain_histograms(
     else:
         su = rank_transform(su, ties)
     sv = rank_transform(sv, ties)
+    v, sv = _orient(s, v), _orient(su, sv)
     hist = np.concatenate([pair_histograms(s, v, grid), pair_histograms(su, sv, grid)])
     mx = np.concatenate([marginal_histograms(s, grid), marginal_histograms(su, grid)])
     my = np.concatenate([marginal_histograms(v, grid), marginal_histograms(sv, grid)])
