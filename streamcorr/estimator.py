@@ -30,6 +30,7 @@ __all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch",
 
 NonFinite = Literal["raise", "drop"]
 Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
+Ranked = tuple[Histograms, np.ndarray | None]  # and the copula rows [x; y] (2P, T), None where samples were dropped
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -167,8 +168,8 @@ class Estimator:
             raise InputError(msg)
 
     # -- histograms -----------------------------------------------------------------
-    def _histograms(self, xa: np.ndarray, ya: np.ndarray) -> Histograms:
-        """Rank pair histograms of rows of (P, T) arrays; returns hist, mx, my, constant mask."""
+    def _histograms(self, xa: np.ndarray, ya: np.ndarray) -> Ranked:
+        """Rank pair histograms of rows of (P, T) arrays (hist, mx, my, constant mask), and the ranks."""
         finite = np.isfinite(xa) & np.isfinite(ya)
         if not finite.all():
             if self.nonfinite == "raise":
@@ -178,7 +179,7 @@ class Estimator:
                     "(x, y) pairs before estimating"
                 )
                 raise InputError(msg)
-            return self._histograms_dropping(xa, ya, finite)
+            return self._histograms_dropping(xa, ya, finite), None
         self._check_length(xa.shape[1])
         constant = (xa.min(axis=1) == xa.max(axis=1)) | (ya.min(axis=1) == ya.max(axis=1))
         u = rank_transform(np.concatenate([xa, ya]), self.ties)
@@ -186,7 +187,7 @@ class Estimator:
         idx = np.arange(p)
         hist = pair_histograms(u, u, self.grid, idx, idx + p)
         marg = marginal_histograms(u, self.grid)
-        return hist, marg[:p], marg[p:], constant
+        return (hist, marg[:p], marg[p:], constant), u
 
     def _histograms_dropping(self, xa: np.ndarray, ya: np.ndarray, finite: np.ndarray) -> Histograms:
         p, g = xa.shape[0], self.grid
@@ -238,21 +239,20 @@ class Estimator:
         weight = refine_weight(mi)
         return np.maximum((1.0 - weight) * mi + weight * chain_mi(self._run(hist, mx, my), slabs), 0.0)
 
-    def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray) -> np.ndarray:
-        """estimate_batch's refinement: ranks again only the rows it refines."""
+    def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray, u: np.ndarray | None) -> np.ndarray:
+        """estimate_batch's refinement, from the ranks [x; y] (2P, T) when no sample was dropped; else each
+        refined row is ranked again over its own finite samples."""
         rows = self._refinable(mi, xa.shape[1])
         if rows.size == 0:
             return mi
         out = mi.copy()
-        finite = np.isfinite(xa[rows]).all(axis=1) & np.isfinite(ya[rows]).all(axis=1)
-        whole = rows[finite]
-        if whole.size:
-            u = rank_transform(np.concatenate([xa[whole], ya[whole]]), self.ties)
-            out[whole] = self._refine(u[: whole.size], u[whole.size :], mi[whole])
-        for r in rows[~finite]:  # nonfinite="drop": each row over its own finite samples
+        if u is not None:
+            out[rows] = self._refine(u[rows], u[rows + xa.shape[0]], mi[rows])
+            return out
+        for r in rows:  # nonfinite="drop"
             keep = np.isfinite(xa[r]) & np.isfinite(ya[r])
-            u = rank_transform(np.stack([xa[r, keep], ya[r, keep]]), self.ties)
-            out[r] = self._refine(u[:1], u[1:], mi[r : r + 1])[0]
+            row = rank_transform(np.stack([xa[r, keep], ya[r, keep]]), self.ties)
+            out[r] = self._refine(row[:1], row[1:], mi[r : r + 1])[0]
         return out
 
     def estimate_ranks(
@@ -312,10 +312,10 @@ class Estimator:
         xa, ya = self._check_pairs(x, y)
         if xa.shape[0] == 0:
             return np.empty(0)
-        hist, mx, my, constant = self._histograms(xa, ya)
+        (hist, mx, my, constant), u = self._histograms(xa, ya)
         mi = self.estimate_histograms(hist, mx, my)
         mi[constant] = 0.0
-        return self._refine_rows(xa, ya, mi)
+        return self._refine_rows(xa, ya, mi, u)
 
     def estimate(self, x: object, y: object) -> float:
         """MI in nats between two 1-D series of equal length."""
@@ -355,7 +355,7 @@ class Estimator:
         xa, ya = _as_array(x, "x"), _as_array(y, "y")
         if xa.ndim != 1 or xa.shape != ya.shape:
             raise InputError(f"x and y must be 1-D of equal length; got shapes {xa.shape} and {ya.shape}")
-        hist, mx, my, _ = self._histograms(xa[None], ya[None])
+        (hist, mx, my, _), _ = self._histograms(xa[None], ya[None])
         _, tab = self._run(hist, mx, my, tables=True)
         return tab[0], np.linspace(0.0, 1.0, self.grid)
 
