@@ -140,7 +140,7 @@ def speed_only(args: argparse.Namespace) -> int:
     z = np.stack([random_mixture(rng).sample(2000, rng).T for _ in range(256)])
     for est in ests.values():
         est(z[:8, 0], z[:8, 1])  # warm-up: Numba compilation, torch allocator
-    KSG(3).estimate(z[:8, 0], z[:8, 1])  # and the baseline's: its first round ran 2-3x its median
+    KSG(3).estimate(z[:8, 0], z[:8, 1])  # and the baseline's: its first round ran 2.6-3.5x its median
     times: dict[str, list[float]] = {name: [] for name in [*ests, "KSG-3"]}
     load_before = _load()
     for _ in range(1 if args.quick else 7):

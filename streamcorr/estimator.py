@@ -239,17 +239,23 @@ class Estimator:
         weight = refine_weight(mi)
         return np.maximum((1.0 - weight) * mi + weight * chain_mi(self._run(hist, mx, my), slabs), 0.0)
 
-    def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray, u: np.ndarray | None) -> np.ndarray:
-        """estimate_batch's refinement, from the ranks [x; y] (2P, T) when no sample was dropped; else each
-        refined row is ranked again over its own finite samples."""
-        rows = self._refinable(mi, xa.shape[1])
+    def _refine_pairs(self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, mi: np.ndarray) -> np.ndarray:
+        """The estimates mi (P,) of pairs (iu[p], iv[p]) of copula rows u (C, T), refined where _refinable says."""
+        rows = self._refinable(mi, u.shape[1])
         if rows.size == 0:
             return mi
         out = mi.copy()
+        out[rows] = self._refine(u[iu[rows]], u[iv[rows]], mi[rows])
+        return out
+
+    def _refine_rows(self, xa: np.ndarray, ya: np.ndarray, mi: np.ndarray, u: np.ndarray | None) -> np.ndarray:
+        """estimate_batch's refinement, from the ranks [x; y] (2P, T) when no sample was dropped; else each
+        refined row is ranked again over its own finite samples."""
         if u is not None:
-            out[rows] = self._refine(u[rows], u[rows + xa.shape[0]], mi[rows])
-            return out
-        for r in rows:  # nonfinite="drop"
+            pairs = np.arange(xa.shape[0])
+            return self._refine_pairs(u, pairs, pairs + xa.shape[0], mi)
+        out = mi.copy()
+        for r in self._refinable(mi, xa.shape[1]):  # nonfinite="drop"
             keep = np.isfinite(xa[r]) & np.isfinite(ya[r])
             row = rank_transform(np.stack([xa[r, keep], ya[r, keep]]), self.ties)
             out[r] = self._refine(row[:1], row[1:], mi[r : r + 1])[0]
@@ -286,10 +292,7 @@ class Estimator:
             mi = self.estimate_histograms(pair_histograms(u, u, self.grid, iu, iv), marg[iu], marg[iv])
         constant = u.max(axis=1) == u.min(axis=1) if constant is None else np.asarray(constant, bool)
         mi[constant[iu] | constant[iv]] = 0.0
-        high = self._refinable(mi, u.shape[1])
-        if high.size:
-            mi[high] = self._refine(u[iu[high]], u[iv[high]], mi[high])
-        return mi
+        return self._refine_pairs(u, iu, iv, mi)
 
     def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
         """MI (P,) from precomputed rank histograms (P, G, G) and marginals (P, G); never refined (no samples)."""
