@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.copula import _radix_argsort, marginal_histograms, pair_histograms, rank_transform
 from streamcorr.errors import InputError
 
 from .naive import jittered_ranks, linear_binned_hist, midranks
@@ -12,6 +12,19 @@ from .naive import jittered_ranks, linear_binned_hist, midranks
 # Small integer-valued floats make ties frequent, as with quantised sensors.
 tied_rows = arrays(np.float64, st.integers(1, 60), elements=st.integers(-5, 5).map(float))
 any_rows = arrays(np.float64, st.integers(1, 60), elements=st.floats(-1e6, 1e6, allow_nan=False))
+# every finite double: signed zeros, subnormals, the extremes; the sort keys span all 64 bits
+wide_rows = arrays(np.float64, st.integers(0, 300), elements=st.floats(allow_nan=False, allow_infinity=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(tied_rows, any_rows, wide_rows))
+def test_radix_argsort_equals_stable_argsort(x):
+    """The radix argsort behind the rank transform equals numpy's stable argsort, up to -0.0 and 0.0."""
+    order = np.empty(x.shape[0], np.int64)
+    _radix_argsort(x, order)
+    # numpy treats -0.0 and 0.0 as equal and keeps index order; the keys put -0.0 first
+    expected = np.lexsort((np.arange(x.shape[0]), ~np.signbit(x), x))
+    np.testing.assert_array_equal(order, expected)
 
 
 @settings(max_examples=200, deadline=None)
