@@ -104,9 +104,10 @@ def unrolled_mlp(columns: list[torch.Tensor], mlp: nn.Sequential) -> torch.Tenso
     """``mlp(stack(columns, -1))[..., 0]`` for a Linear-act-Linear(1) MLP, as per-element arithmetic.
 
     The per-node MLP has 6 inputs and 16 hidden units: as two matrix products it
-    writes and re-reads a 16-channel hidden tensor per table node, which is most
-    of the network's memory traffic on a GPU. Written out, a compiler fuses it
-    into one kernel that reads the inputs once and writes theta once.
+    writes and re-reads a 16-channel hidden tensor per table node (tens of MB for a
+    batch), most of the network's memory traffic on a CPU and on a GPU. Written out
+    over contiguous (B, G, G) columns, a compiler fuses it into one vectorised kernel
+    that reads the inputs once and writes theta once.
     """
     first, act, last = mlp[0], mlp[1], mlp[2]
     assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
@@ -161,18 +162,19 @@ class InfoNet(nn.Module):
         lat = self.encode(self.latents.expand(b, -1, -1) + length, tokens)  # (B, M, d)
         for blk in self.process:
             lat = blk(lat)
-        c = cfg.out_channels
-        out = self.head(self.norm_out(self.decode(tokens, lat)))  # (B, S*S, C*p*p)
-        table = out.float().view(b, s, s, p, p, c).transpose(2, 3).reshape(b, g, g, c)  # (B, G, G, C)
+        c, d = cfg.out_channels, cfg.d_model
+        # the head's rows reordered channel-major (the same products): each channel's table is then contiguous
+        # along the grid, which a compiler needs to vectorise the per-node MLP below
+        weight = self.head.weight.view(p, p, c, d).permute(2, 0, 1, 3).reshape(c * p * p, d)
+        bias = self.head.bias.view(p, p, c).permute(2, 0, 1).reshape(c * p * p)
+        out = F.linear(self.norm_out(self.decode(tokens, lat)), weight, bias)  # (B, S*S, C*p*p)
+        planes = out.float().view(b, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, g, g)  # (B, C, G, G)
         # the table stays fp32 under autocast: bf16 rounding of theta moves the DV read-out by ~0.005 nats
         with torch.autocast(hist.device.type, enabled=False):
-            # under a compiler, the same function written so that it fuses into one kernel; with two smoothers
-            # that kernel loses its vectorisation on a CPU (3.5x slower than the matrix-product form), so only
-            # the one-smoother network takes it
-            if torch.compiler.is_compiling() and cfg.smoothers == 1:
-                theta = unrolled_mlp([*table.unbind(-1), *feats.unbind(1)], self.node_mlp)
+            if torch.compiler.is_compiling():  # written out, it fuses into one vectorised kernel (2x the network)
+                theta = unrolled_mlp([*planes.unbind(1), *feats.unbind(1)], self.node_mlp)
             else:
-                nodes = torch.cat([table, feats.permute(0, 2, 3, 1)], dim=-1)  # (B, G, G, C + 2)
+                nodes = torch.cat([planes, feats], dim=1).permute(0, 2, 3, 1)  # (B, G, G, C + 2)
                 theta = self.node_mlp(nodes)[..., 0]  # (B, G, G)
             if cfg.smoothers == 1:
                 return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
