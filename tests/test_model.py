@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamcorr.model import InfoNet, InfoNetConfig, dv_readout, input_features, log_mean_exp
+from streamcorr.model import InfoNet, InfoNetConfig, dv_readout, input_features, log_mean_exp, unrolled_mlp
 
 from .naive import bilinear, linear_binned_hist
 
@@ -120,3 +120,14 @@ def test_the_gate_blends_the_smoothers_per_window():
             model.gate.bias.fill_(-1e4)
         shut = model(hist, hist.sum(2), hist.sum(1))
     assert (batch - shut).abs().amax(dim=(1, 2)).min() > 0  # the gate changed every window's table
+
+
+def test_the_written_out_node_mlp_equals_the_matrix_products():
+    """The per-node MLP written out over channel planes (what a compiler fuses) equals the Linear-GELU-Linear form."""
+    torch.manual_seed(2)
+    model = _small(2)
+    planes = torch.randn(3, 6, 16, 16)  # (B, C + 2, G, G): table channels, then input features
+    with torch.inference_mode():
+        fused = unrolled_mlp(list(planes.unbind(1)), model.node_mlp)
+        matmul = model.node_mlp(planes.permute(0, 2, 3, 1))[..., 0]
+    torch.testing.assert_close(fused, matmul, atol=1e-5, rtol=1e-5)
