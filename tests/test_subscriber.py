@@ -266,7 +266,10 @@ def test_engine_to_zmq_sink_to_subscriber_gives_the_engines_own_snapshots():
     for g, m in zip(got, mine, strict=True):
         assert_same_snapshot(g, m)
     assert got[-1].mi[0, 1] > 0.5 and got[-1].channels == ("a", "b", "c")
-    assert [e.kind for e in theirs] == ["became-dependent"] and got_events == theirs
+    # every event the engine raised reaches the subscriber; the a-b onset is among them. At this test's loose
+    # false-alarm rate (0.05) on 64-sample windows an independent pair may raise a chance event too: their
+    # rate is bench.chance_events' measure, not this transport test's
+    assert [e.kind for e in theirs if e.pair == ("a", "b")] == ["became-dependent"] and got_events == theirs
     assert counters.gaps["snapshot"] == 0
 
 
