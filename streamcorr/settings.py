@@ -90,14 +90,20 @@ class EngineConfig:
     estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
 
     def __post_init__(self) -> None:
-        for name, (section, key) in ENGINE_KEYS.items():  # the config key's own validation, named both ways
+        sections: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: field}
+        for name, (section, key) in ENGINE_KEYS.items():
+            sections.setdefault(section, {})[key] = name
+        for section, keys in sections.items():  # each section's own validation, its keys together (cross-key rules)
             try:
-                section.model_validate({key: getattr(self, name)})
+                section.model_validate({key: getattr(self, name) for key, name in keys.items()})
             except ValidationError as exc:
                 err = exc.errors()[0]
-                where = f"{name} ({_SECTION[section]}.{key} in a config file)"
-                got = getattr(self, name)
-                raise ConfigError(f"{where}: {err['msg']} (got {got!r:.80})") from None
+                key = str(err["loc"][0]) if err["loc"] else ""
+                if key in keys:  # one key's bound, named both ways
+                    where = f"{keys[key]} ({_SECTION[section]}.{key} in a config file)"
+                    raise ConfigError(f"{where}: {err['msg']} (got {getattr(self, keys[key])!r:.80})") from None
+                msg = f"EngineConfig ({_SECTION[section]} section in a config file): {err['msg']}"
+                raise ConfigError(msg) from None
         if self.hop_samples < 1:
             raise ConfigError(f"hop_samples must be >= 1; got {self.hop_samples}")
         if len(set(self.channels)) != len(self.channels):

@@ -121,3 +121,14 @@ def test_config_rejects_impossible_settings():
     for kw in ({"window_len": 16}, {"hop_samples": 0}, {"channels": ["a", "a"]}, {"min_coverage": 0}):
         with pytest.raises(ConfigError):
             _config(**kw)
+
+
+def test_config_checks_keys_of_one_section_together():
+    """More than 256 channels work with max_channels raised to match (a rule across two keys of one section),
+    and are refused with the fix named when it is not raised."""
+    from streamcorr.errors import ConfigError
+
+    names = [f"ch{i:04d}" for i in range(300)]
+    assert EngineConfig(channels=names, max_channels=300).max_channels == 300
+    with pytest.raises(ConfigError, match="300 names but max_channels is 256: raise max_channels"):
+        EngineConfig(channels=names)
