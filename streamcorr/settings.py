@@ -53,6 +53,9 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "rel_delta": (Changes, "rel_delta"),
 }
 _SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes"}
+_SECTION_KEYS: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: EngineConfig field}
+for _name, (_section, _key) in ENGINE_KEYS.items():
+    _SECTION_KEYS.setdefault(_section, {})[_key] = _name
 
 
 def _default(name: str) -> Any:
@@ -90,10 +93,7 @@ class EngineConfig:
     estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
 
     def __post_init__(self) -> None:
-        sections: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: field}
-        for name, (section, key) in ENGINE_KEYS.items():
-            sections.setdefault(section, {})[key] = name
-        for section, keys in sections.items():  # each section's own validation, its keys together (cross-key rules)
+        for section, keys in _SECTION_KEYS.items():  # each section's keys together (cross-key rules)
             try:
                 section.model_validate({key: getattr(self, name) for key, name in keys.items()})
             except ValidationError as exc:
