@@ -252,9 +252,10 @@ class Engine:
         was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
         if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
             hop_ns = self.cfg.hop_samples * self.resampler.period_ns
-            overdue = self._scheduler.overdue
+            overdue, deferred = self._scheduler.overdue, self._scheduler.deferred
             plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
             cnt.max_age_overdue += self._scheduler.overdue - overdue
+            cnt.screen_deferred += self._scheduler.deferred - deferred
             pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
             pp = self._pairs[pick]
             was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen

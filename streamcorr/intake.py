@@ -36,6 +36,7 @@ class EngineCounters:
     pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
     screen_passed: int = 0  # pairs that passed the screen
     max_age_overdue: int = 0  # pairs due for their max_age network estimate that did not fit the hop's budget
+    screen_deferred: int = 0  # pairs that passed the screen but did not fit the hop's budget (they wait)
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_name: int = 0  # samples for a name that breaks the channel-name rule
     channel_limit: int = 0  # samples for new names refused because max_channels exist

@@ -8,11 +8,15 @@ Pairs are selected once (all pairs, an explicit list, or groups x groups). Two w
   runs on, in this order of priority, (1) *hot* pairs: the last network estimate was >= ``min_effect`` or
   the change detector holds the pair dependent, (2) pairs that passed the screen, strongest first, and
   (3) a rotating share of the rest, stalest first: ceil(P * hop / max_age) pairs per hop plus any pair whose
-  network estimate would otherwise be older than ``max_age`` at the next hop. The budget limits only the
-  rotation: hot and passing pairs are always evaluated (where most pairs are dependent, screening cannot
-  save work, and the network does what it would do without it), up to a hard ``cap`` if one is given. So
-  every pair gets a full estimate at least every ``max_age`` as long as the rotation fits what the hot and
-  passing pairs leave of the budget; when it does not, the stalest pairs wait and ``overdue`` counts them.
+  network estimate would otherwise be older than ``max_age`` at the next hop. Hot pairs are always
+  evaluated (where most pairs are dependent, screening cannot save work, and the network does what it would
+  do without it), up to a hard ``cap`` if one is given. Passing pairs fill what the hot pairs leave of the
+  budget, but never less than ``PASSING_SHARE`` of it, so that new dependence is not starved by a large hot
+  set; pairs the network saw at the previous hop go after the rest (their window has barely moved). Short
+  windows make the screen pass many independent pairs (it keeps 99% of pairs at ``min_effect``): the budget
+  then bounds the hop, and ``deferred`` counts the passing pairs that waited. So every pair gets a full
+  estimate at least every ``max_age`` as long as the rotation fits what the hot and passing pairs leave of
+  the budget; when it does not, the stalest pairs wait and ``overdue`` counts them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ SCREENING: Literal["auto", "on", "off"] = "auto"
 # 272 network pairs per hop (60 s would cost 544, more than the 330 dependent pairs of a 1% graph)
 MAX_AGE_S = 120.0
 HOP_BUDGET = 0.8  # share of each hop the network may use, at the measured pairs/s
+PASSING_SHARE = 0.5  # of the budget, kept for pairs that pass the screen however many pairs are hot
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Scheduler:
     held_dependent: np.ndarray = field(init=False)  # (P,) the change detector holds the pair dependent
     first_planned_ns: np.ndarray = field(init=False)  # (P,) when plan() first saw the pair: a new pair's age base
     overdue: int = 0  # pairs that were due for rotation but did not fit the budget, summed over hops
+    deferred: int = 0  # pairs that passed the screen but did not fit the budget, summed over hops
 
     def __post_init__(self) -> None:
         if self.max_pairs_per_hop < 1:
@@ -123,8 +129,8 @@ class Scheduler:
 
         passed (P,): the pair passed the screen; stat (P,): its screen statistic (orders passing pairs);
         eligible (P,): pairs that may be picked at all (default: every pair); budget: network pairs the hop
-        allows, which the rotation fills after the hot and passing pairs (default ``max_pairs_per_hop``);
-        cap: at most this many in all.
+        allows, which the passing pairs and then the rotation fill after the hot pairs (default
+        ``max_pairs_per_hop``); cap: at most this many in all.
         """
         n = len(self.pairs)
         if n == 0:
@@ -137,7 +143,12 @@ class Scheduler:
         new = np.asarray(passed, dtype=bool) & ok & ~hot
         first = np.flatnonzero(hot)
         second = np.flatnonzero(new)
-        second = second[np.argsort(-np.asarray(stat)[second], kind="stable")]
+        seen = self.last_refresh_ns[second] >= now_ns - hop_ns  # the network saw (nearly) this window last hop
+        second = second[np.lexsort((-np.asarray(stat)[second], seen))]  # unseen first, strongest first within
+        room = max(0, budget - len(first))
+        take = min(len(second), max(room, math.ceil(PASSING_SHARE * budget)))
+        self.deferred += len(second) - take
+        second = second[:take]
         rest = np.flatnonzero(ok & ~hot & ~new)
         # rotation: stalest first (never-refreshed first of all), a steady share plus whatever is due; a pair
         # never refreshed is due max_age after plan() first saw it (at start-up not all fit one hop)

@@ -258,10 +258,37 @@ def test_engine_new_dependence_is_reported_after_screening(tmp_path, monkeypatch
     assert kinds[:1] == ["became-dependent"], kinds
 
 
-def test_scheduler_budget_limits_only_the_rotation() -> None:
-    """Passing pairs beyond the budget are all evaluated (screening cannot save work there); the rotation gets
-    what is left; a hard cap cuts the whole plan."""
+def test_scheduler_budget_bounds_passing_pairs_not_hot_ones() -> None:
+    """Hot pairs beyond the budget are all evaluated (where most pairs are dependent screening cannot save work);
+    passing pairs fill what they leave, never less than PASSING_SHARE of the budget, and the rest wait, counted
+    in ``deferred``; the rotation gets what is left; a hard cap cuts the whole plan."""
     sched, passed, stat = _three_passing(budget=2)
-    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC).tolist() == [5, 7, 2]
+    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC).tolist() == [5, 7]
+    assert sched.deferred == 1
     assert sched.plan(passed, stat, SEC, SEC, 5 * SEC, budget=5).tolist() == [5, 7, 2, 0, 1]  # share: 10 / 5
-    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC, cap=2).tolist() == [5, 7]
+    assert sched.plan(passed, stat, SEC, SEC, 100 * SEC, budget=3, cap=2).tolist() == [5, 7]
+    sched.mark_refreshed(np.array([0, 1, 3]), SEC, np.full(3, 0.5))  # three hot pairs, budget 2
+    assert sched.plan(passed, stat, 2 * SEC, SEC, 100 * SEC).tolist() == [0, 1, 3, 5]  # share: 0.5 x 2
+
+
+def test_scheduler_passing_pairs_seen_last_hop_wait() -> None:
+    """Among passing pairs that do not all fit, those the network saw at the previous hop go last, so the
+    strongest chance passers cannot take every hop."""
+    sched, passed, stat = _three_passing(budget=2)
+    sched.mark_refreshed(np.array([5]), 4 * SEC, np.array([0.02]))  # pair 5: seen last hop, not hot
+    assert sched.plan(passed, stat, 5 * SEC, SEC, 100 * SEC).tolist() == [7, 2]
+
+
+def test_screener_bounds_the_hop_at_short_windows() -> None:
+    """At window 256 the screen passes many independent pairs; the plan for 160 independent channels (12,720
+    pairs) stays within the budget instead of sending every passing pair to the network."""
+    rng = np.random.default_rng(7)
+    n_ch, window = 160, 256
+    u = rank_transform(rng.standard_normal((n_ch, window)))
+    pairs = PairSelection().resolve([f"c{k}" for k in range(n_ch)])
+    sched = Scheduler(pairs, max_pairs_per_hop=len(pairs), min_effect=0.1)
+    scr = Screener(mode="on", window_len=window, hop_s=1.0, min_effect=0.1, max_age_s=120.0, hop_budget=0.8)
+    scr.pairs_per_s = 500.0  # a known model speed: budget 400 pairs per hop
+    plan = scr.plan(list(u), pairs, sched, SEC, SEC)
+    assert plan.passed > 2 * plan.budget, plan.passed  # the premise: many chance passers at this window
+    assert len(plan.pick) <= plan.budget and sched.deferred == plan.passed - len(plan.pick)
