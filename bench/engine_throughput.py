@@ -40,13 +40,22 @@ def _state_mb(eng: Engine) -> float:
     return total / 2**20
 
 
+def _group_starts(n_ch: int) -> range:  # the first channel of each coupled group of four
+    return range(0, n_ch - 3, 8)
+
+
+def _coupled_pairs(n_ch: int) -> np.ndarray:
+    """(M, 2) channel pairs inside the coupled groups of _signals."""
+    return np.array([(g + a, g + b) for g in _group_starts(n_ch) for a in range(4) for b in range(a + 1, 4)])
+
+
 def _signals(n_ch: int, n: int, rng: np.random.Generator, all_dependent: bool = False) -> np.ndarray:
     """Channels in coupled groups of four (linear, quadratic, sine), the rest noise: (n_ch, n). all_dependent:
     every channel is one common source plus its own noise, so every pair is dependent (about 0.35 nats)."""
     x = rng.standard_normal((n_ch, n))
     if all_dependent:
         return x[0] + 0.9 * x
-    for g in range(0, n_ch - 3, 8):
+    for g in _group_starts(n_ch):
         x[g + 1] = 0.7 * x[g] + 0.5 * x[g + 1]
         x[g + 2] = x[g] ** 2 + 0.5 * x[g + 2]
         x[g + 3] = np.sin(2 * x[g]) + 0.3 * x[g + 3]
@@ -173,7 +182,7 @@ def _scaling_row(n_ch: int, window: int, screening: str, hops: int, cap: int | N
         network.append(eng.counters.pairs_evaluated - n_before)
     k = int(np.argsort(times)[len(times) // 2])  # the median hop, with its own stage split
     n_pairs = n_ch * (n_ch - 1) // 2
-    dep = np.array([(g + a, g + b) for g in range(0, n_ch - 3, 8) for a in range(4) for b in range(a + 1, 4)])
+    dep = _coupled_pairs(n_ch)
     src = eng.state.source[dep[:, 0], dep[:, 1]]  # the coupled groups' pairs: do they hold network estimates?
     found = float(np.mean((src == SOURCE_NETWORK) & (eng.state.mi[dep[:, 0], dep[:, 1]] >= cfg.min_effect)))
     hop_s, st = times[k], stages[k]
