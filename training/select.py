@@ -1,6 +1,6 @@
 """Choose among trained snapshots on a selection set of our own, before any acceptance table is run.
 
-    python -m training.select A.safetensors B.safetensors ... [--average NAME=A,B,C ...] [--write-average DIR]
+    python -m training.select A.safetensors B.safetensors ... [--average NAME=A,B,C ...] [--write-average DIR] [--digits 4]
 
 The selection set is built from seeds of its own (8_300_00x), disjoint from the
 training generator (config seed * 1000 + worker), the validation set (424242)
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("weights", nargs="*")
     ap.add_argument("--average", action="append", default=[], help="NAME=A,B,...: score the mean of these weights")
     ap.add_argument("--write-average", type=Path, default=Path(tempfile.gettempdir()), help="where averages go")
+    ap.add_argument("--digits", type=int, default=4, help="decimal places in the table")
     args = ap.parse_args(argv)
     os.environ.setdefault("STREAMCORR_AOT", "0")  # eager network: no compiled package per candidate
     from streamcorr import Estimator
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| candidate | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, r in rows.items():
-        print(f"| {name} | " + " | ".join(f"{r[k]:.4f}" for k in keys) + " |", flush=True)
+        print(f"| {name} | " + " | ".join(f"{r[k]:.{args.digits}f}" for k in keys) + " |", flush=True)
     return 0
 
 
