@@ -131,16 +131,24 @@ def test_time_boxed_fine_tune_writes_flat_outputs_without_pickles(tmp_path):
         assert np.isfinite(est.estimate(np.arange(100.0) // 10, np.arange(100.0) % 7))
 
 
-def test_a_fine_tune_may_only_grow_the_smoother():
-    """Init weights must match the config's model section except one smoother growing into two."""
+def test_a_fine_tune_may_only_grow_the_smoother_and_the_latent_depth():
+    """Init weights must match the config's model section except one smoother growing into two and more latent
+    self-attention blocks; the grown network keeps every init parameter and computes the same tables."""
     cfg = yaml.safe_load(Path("training/configs/infonet-v2-gated.yaml").read_text())["model"]
     small = {**cfg, "grid": 16, "patch": 4, "d_model": 16, "n_latents": 4, "n_heads": 2, "n_self_layers": 1}
     init = InfoNet(InfoNetConfig(**{**small, "smoothers": 1}))
-    grown = _grow(init, InfoNetConfig(**small))
-    for name, value in init.state_dict().items():
-        assert torch.equal(grown.state_dict()[name], value)
-    with pytest.raises(SystemExit, match="differs from the init weights"):
-        _grow(init, InfoNetConfig(**{**small, "d_model": 32}))
+    hist = torch.rand(3, 16, 16) * 20
+    for grown_cfg in (small, {**small, "smoothers": 1, "n_self_layers": 3}, {**small, "n_self_layers": 2}):
+        grown = _grow(init, InfoNetConfig(**grown_cfg)).eval()
+        for name, value in init.state_dict().items():
+            assert torch.equal(grown.state_dict()[name], value)
+        assert len(grown.process) == grown_cfg["n_self_layers"]
+        if grown_cfg["smoothers"] == 1:  # the gate of a grown smoother starts nearly, not exactly, shut
+            same = grown(hist, hist.sum(2), hist.sum(1)) - init.eval()(hist, hist.sum(2), hist.sum(1))
+            assert same.abs().max() < 1e-5
+    for bad in ({"d_model": 32}, {"n_self_layers": 0, "smoothers": 1}):
+        with pytest.raises(SystemExit, match="differs from the init weights"):
+            _grow(init, InfoNetConfig(**{**small, **bad}))
 
 
 def test_symmetries_of_the_square_are_exact_for_histograms():

@@ -100,13 +100,28 @@ def symmetrise(batch: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str
 
 
 def _grow(init: InfoNet, cfg: InfoNetConfig) -> InfoNet:
-    """Start a two-smoother network from one-smoother weights (the only change of architecture a
-    fine-tune may make): every shared parameter is copied; the new ones keep their initial values."""
-    if {**init.cfg.to_dict(), "smoothers": cfg.smoothers} != cfg.to_dict() or init.cfg.smoothers != 1:
-        raise SystemExit(f"config model section {cfg.to_dict()} differs from the init weights' {init.cfg.to_dict()}")
+    """Grow init weights into a larger network that computes the same function (the only changes of
+    architecture a fine-tune may make): one smoother into two (the gate starts nearly shut), and more latent
+    self-attention blocks (appended with zero output projections, so each starts as the identity). Every
+    shared parameter is copied."""
+    old, new = init.cfg.to_dict(), cfg.to_dict()
+    grows_smoother = old["smoothers"] == 1 and new["smoothers"] == 2
+    grows_layers = new["n_self_layers"] > old["n_self_layers"]
+    same_rest = {**old, "smoothers": 0, "n_self_layers": 0} == {**new, "smoothers": 0, "n_self_layers": 0}
+    if not same_rest or not (grows_smoother or old["smoothers"] == new["smoothers"]) or not (
+        grows_layers or old["n_self_layers"] == new["n_self_layers"]
+    ):
+        raise SystemExit(f"config model section {new} differs from the init weights' {old}")
     model = InfoNet(cfg)
     missing, unexpected = model.load_state_dict(init.state_dict(), strict=False)
-    assert not unexpected and set(missing) == {"smoother_sharp", "gate.weight", "gate.bias"}, (missing, unexpected)
+    added = tuple(f"process.{i}." for i in range(old["n_self_layers"], new["n_self_layers"]))
+    expected = {"smoother_sharp", "gate.weight", "gate.bias"} if grows_smoother else set()
+    assert not unexpected and {m for m in missing if not m.startswith(added)} == expected, missing
+    with torch.no_grad():
+        for blk in model.process[old["n_self_layers"] :]:
+            for lin in (blk.attn.out, blk.ff[-1]):  # residual branches that add nothing yet
+                lin.weight.zero_()
+                lin.bias.zero_()
     return model
 
 
