@@ -1,6 +1,7 @@
 """Choose among trained snapshots on a selection set of our own, before any acceptance table is run.
 
-    python -m training.select A.safetensors B.safetensors ... [--average NAME=A,B,C ...] [--write-average DIR] [--digits 4]
+    python -m training.select A.safetensors B.safetensors ... [--average NAME=A,B,C ...] [--write-average DIR]
+        [--digits 4]
 
 The selection set is built from seeds of its own (8_300_00x), disjoint from the
 training generator (config seed * 1000 + worker), the validation set (424242)

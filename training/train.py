@@ -108,8 +108,10 @@ def _grow(init: InfoNet, cfg: InfoNetConfig) -> InfoNet:
     grows_smoother = old["smoothers"] == 1 and new["smoothers"] == 2
     grows_layers = new["n_self_layers"] > old["n_self_layers"]
     same_rest = {**old, "smoothers": 0, "n_self_layers": 0} == {**new, "smoothers": 0, "n_self_layers": 0}
-    if not same_rest or not (grows_smoother or old["smoothers"] == new["smoothers"]) or not (
-        grows_layers or old["n_self_layers"] == new["n_self_layers"]
+    if (
+        not same_rest
+        or not (grows_smoother or old["smoothers"] == new["smoothers"])
+        or not (grows_layers or old["n_self_layers"] == new["n_self_layers"])
     ):
         raise SystemExit(f"config model section {new} differs from the init weights' {old}")
     model = InfoNet(cfg)
