@@ -283,13 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = noise_cases(draws)
     nres: dict[str, list[float]] = {}
     nshort: dict[str, dict[str, list[float]]] = {}  # the same cases on each window's first T samples
+    nse: dict[str, list[float]] = {}  # standard error of each case's mean over its draws
     for name, est in ests.items():
-        nres[name] = [float(est(c["w"][:, 0], c["w"][:, 1]).mean() - c["mi"]) for c in cases]
+        per_draw = [est(c["w"][:, 0], c["w"][:, 1]) for c in cases]
+        nres[name] = [float(e.mean() - c["mi"]) for e, c in zip(per_draw, cases, strict=True)]
+        nse[name] = [float(e.std(ddof=1) / np.sqrt(len(e))) for e in per_draw]
         nshort[name] = {str(t): [float(est(c["w"][:, 0, :t], c["w"][:, 1, :t]).mean() - c["mi"]) for c in cases]
                         for t in SHORT}  # fmt: skip
         print("noise", name, round(float(np.abs(nres[name]).max()), 4), flush=True)
     data["noise"] = {"cases": [c["case"] for c in cases], "truth": [c["mi"] for c in cases], "bias": nres,
-                     "bias_short": nshort}  # fmt: skip
+                     "bias_short": nshort, "se": nse}  # fmt: skip
     md += [f"## Bounded noise and Gaussian rho = +-0.99 (T = 2000, bias of the mean of {draws} draws)\n",
            "| case | true MI | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]  # fmt: skip
     for i, c in enumerate(cases):
@@ -300,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{np.abs(nshort[n][str(t)]).max():.3f}" for n in names) + " |")  # fmt: skip
         md.append(f"| mean abs bias, T = {t} | | " + " | ".join(
             f"{np.abs(nshort[n][str(t)]).mean():.3f}" for n in names) + " |")  # fmt: skip
+    md.append("| largest SE of a case's mean (draws' sd / sqrt(draws)) | | " + " | ".join(
+        f"{max(nse[n]):.3f}" for n in names) + " |")  # fmt: skip
     md.append(f"\nBar: |bias| <= {BARS['noise_bias']} in every case.\n")
 
     # 3b. spread on Gaussians against the known-density bound rho / sqrt(T) (T = 2000)
