@@ -105,14 +105,10 @@ def _grow(init: InfoNet, cfg: InfoNetConfig) -> InfoNet:
     self-attention blocks (appended with zero output projections, so each starts as the identity). Every
     shared parameter is copied."""
     old, new = init.cfg.to_dict(), cfg.to_dict()
-    grows_smoother = old["smoothers"] == 1 and new["smoothers"] == 2
-    grows_layers = new["n_self_layers"] > old["n_self_layers"]
+    grows_smoother = (old["smoothers"], new["smoothers"]) == (1, 2)
     same_rest = {**old, "smoothers": 0, "n_self_layers": 0} == {**new, "smoothers": 0, "n_self_layers": 0}
-    if (
-        not same_rest
-        or not (grows_smoother or old["smoothers"] == new["smoothers"])
-        or not (grows_layers or old["n_self_layers"] == new["n_self_layers"])
-    ):
+    smoothers_ok = grows_smoother or old["smoothers"] == new["smoothers"]
+    if not (same_rest and smoothers_ok and new["n_self_layers"] >= old["n_self_layers"]):
         raise SystemExit(f"config model section {new} differs from the init weights' {old}")
     model = InfoNet(cfg)
     missing, unexpected = model.load_state_dict(init.state_dict(), strict=False)
