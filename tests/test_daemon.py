@@ -200,7 +200,11 @@ def test_broker_restart_daemon_reconnects_and_counts_the_gap(tmp_path):
         "type": "mqtt", "port": broker.port, "topics": [f"{prefix}/in"], "channel_template": "{key}",
         "reconnect_min_s": 0.1, "reconnect_max_s": 0.5,
     }  # fmt: skip
-    out = {"mqtt": {"port": broker.port, "prefix": f"{prefix}/out", "reconnect_min_s": 0.1, "reconnect_max_s": 0.5}}
+    # a publisher that was writing as the broker went away can miss the disconnect (aiomqtt adds a writer for the
+    # closed socket) and learns of it only when a publish goes unacknowledged for timeout_s: keep that below the
+    # subscriber's 3 s quiet window
+    out = {"mqtt": {"port": broker.port, "prefix": f"{prefix}/out", "reconnect_min_s": 0.1, "reconnect_max_s": 0.5,
+                    "timeout_s": 1.0}}  # fmt: skip
     cfg = parse_config(_config(source, out))
 
     async def publish(k0: int, k1: int) -> None:
