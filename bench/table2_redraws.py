@@ -26,9 +26,10 @@ from training.tasks import level_set, windows
 
 from .baselines import KSG
 from .common import environment, write_results
+from .estimator_v2 import BARS
 
 FIRST_SEED = 101  # the acceptance bench uses 11
-BAR = 0.02
+BAR = BARS["table2_mae"]
 
 
 def main(argv: list[str] | None = None) -> int:
