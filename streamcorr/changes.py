@@ -43,6 +43,9 @@ class ChangeEvent:
     current: float  # nats
     t_ns: int
     kind: EventKind
+    # True for the verdict of a pair's first assessment (became-dependent only): dependent from the start,
+    # not an onset seen in the stream
+    initial: bool = False
 
 
 @dataclass(frozen=True)

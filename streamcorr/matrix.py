@@ -32,6 +32,10 @@ class Snapshot:
     # per cell: SOURCE_NONE (never assessed), SOURCE_NETWORK or SOURCE_SCREEN; None: not known (older publisher)
     source: np.ndarray | None = field(default=None, kw_only=True)
     network_age_s: np.ndarray | None = field(default=None, kw_only=True)  # since the last network estimate; inf
+    # per cell: the change detector's verdict (bool; False where never assessed) and the pair's effective sample
+    # size on its newest network window (NaN: never); None: not known (older publisher)
+    dependent: np.ndarray | None = field(default=None, kw_only=True)
+    n_eff: np.ndarray | None = field(default=None, kw_only=True)
     # as received by a Subscriber: "live" (just published), "retained" (the broker's or the cache's copy,
     # made wall_age_s ago) or "offline" (its publisher's last status says offline: the daemon is gone)
     origin: str = "live"
@@ -83,6 +87,8 @@ class MatrixState:
         self.refreshed_ns = np.full((n, n), -1, dtype=np.int64)
         self.network_ns = np.full((n, n), -1, dtype=np.int64)  # stream time of the last network estimate
         self.source = np.zeros((n, n), dtype=np.uint8)
+        self.dependent = np.zeros((n, n), dtype=bool)
+        self.n_eff = np.full((n, n), np.nan)
         self.seq = 0
 
     def add_channel(self, name: str) -> None:
@@ -92,7 +98,8 @@ class MatrixState:
         """Append channels, growing each matrix once for all of them."""
         n, k = len(self.channels), len(names)
         self.channels.extend(names)
-        cells = (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1), ("network_ns", -1), ("source", 0))
+        cells = (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1), ("network_ns", -1), ("source", 0),
+                 ("dependent", False), ("n_eff", np.nan))  # fmt: skip
         for attr, fill in cells:
             old = getattr(self, attr)
             new = np.full((n + k, n + k), fill, dtype=old.dtype)
@@ -118,6 +125,12 @@ class MatrixState:
             if source == SOURCE_NETWORK:
                 self.network_ns[a, b] = t_ns
 
+    def set_significance(self, i: np.ndarray, j: np.ndarray, dependent: np.ndarray, n_eff: np.ndarray) -> None:
+        """Record the detector's verdict and the effective sample size of cells (i, j) and (j, i)."""
+        for a, b in ((i, j), (j, i)):
+            self.dependent[a, b] = dependent
+            self.n_eff[a, b] = n_eff
+
     def snapshot(self, t_ns: int, wall_ns: int) -> Snapshot:
         self.seq += 1
         age = np.where(self.refreshed_ns < 0, np.inf, (t_ns - self.refreshed_ns) / 1e9)
@@ -132,4 +145,6 @@ class MatrixState:
             self.coverage.copy(),
             source=self.source.copy(),
             network_age_s=net_age,
+            dependent=self.dependent.copy(),
+            n_eff=self.n_eff.copy(),
         )

@@ -1,6 +1,7 @@
 """The msgpack envelope: round trips, a plain-msgpack reader, pair lists, and clean rejection of bad payloads."""
 
 import contextlib
+import dataclasses
 
 import msgpack
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from streamcorr.changes import ChangeEvent
 from streamcorr.errors import ConfigError, InputError
 from streamcorr.matrix import Snapshot
+from streamcorr.publish import envelope
 from streamcorr.publish.envelope import (
     VERSION,
     EnvelopeError,
@@ -35,6 +37,17 @@ def random_snapshot(rng: np.random.Generator, n: int, names: list[str] | None = 
     coverage = np.where(never, np.nan, rng.uniform(0.9, 1, (n, n)))
     names = names if names is not None else [f"ch{k}" for k in range(n)]
     return Snapshot(seq, int(rng.integers(0, 2**62)), int(rng.integers(0, 2**62)), tuple(names), mi, age, coverage)
+
+
+def with_significance(rng: np.random.Generator, snap: Snapshot) -> Snapshot:
+    """The snapshot with a symmetric detector verdict (False where never evaluated) and n_eff (NaN there)."""
+    n = len(snap.channels)
+    never = np.isnan(snap.mi)
+    dependent = np.triu(rng.random((n, n)) < 0.5, 1)
+    dependent = (dependent | dependent.T) & ~never
+    n_eff = rng.uniform(50, 1024, (n, n))
+    n_eff = np.where(never, np.nan, (n_eff + n_eff.T) / 2)
+    return dataclasses.replace(snap, dependent=dependent, n_eff=n_eff)
 
 
 def assert_same_f32(decoded: np.ndarray, original: np.ndarray) -> None:
@@ -89,6 +102,65 @@ def test_plain_msgpack_reader_decodes_a_snapshot_with_numpy_frombuffer():
         assert i < j and value == float(np.float32(snap.mi[i, j]))
 
 
+def test_significance_round_trips_and_reads_with_plain_msgpack():
+    """dependent (one 0/1 byte per cell) and n_eff (float32, NaN kept) come back as a bool and a float64
+    matrix, and a reader with only msgpack and numpy finds them under their documented dtypes."""
+    rng = np.random.default_rng(10)
+    snap = with_significance(rng, random_snapshot(rng, 5))
+    assert snap.dependent is not None and snap.n_eff is not None
+    payload = encode_snapshot(snap, seq=4)
+    out = decode(payload)
+    assert isinstance(out, Snapshot) and out.dependent is not None and out.n_eff is not None
+    assert out.dependent.dtype == bool and out.n_eff.dtype == np.float64
+    np.testing.assert_array_equal(out.dependent, snap.dependent)
+    assert_same_f32(out.n_eff, snap.n_eff)
+    raw = msgpack.unpackb(payload, raw=False)
+    assert raw["dependent"]["dtype"] == "|u1" and raw["dependent"]["shape"] == [5, 5]
+    plain = np.frombuffer(raw["dependent"]["data"], dtype=np.uint8).reshape(5, 5)
+    assert set(plain.ravel().tolist()) <= {0, 1}
+    np.testing.assert_array_equal(plain.astype(bool), snap.dependent)
+    assert raw["n_eff"]["dtype"] == "<f4" and len(raw["n_eff"]["data"]) == 5 * 5 * 4
+    assert_same_f32(np.frombuffer(raw["n_eff"]["data"], dtype="<f4").reshape(5, 5), snap.n_eff)
+
+
+def test_messages_without_significance_or_initial_decode_as_unknown():
+    """A snapshot without dependent / n_eff (an older publisher) decodes with both None, and an event without
+    initial decodes with initial False; a snapshot that has none sends neither key."""
+    rng = np.random.default_rng(11)
+    full = with_significance(rng, random_snapshot(rng, 4))
+    raw = msgpack.unpackb(encode_snapshot(full, seq=1), raw=False)
+    del raw["dependent"], raw["n_eff"]
+    old = decode(msgpack.packb(raw, use_bin_type=True))
+    assert isinstance(old, Snapshot) and old.dependent is None and old.n_eff is None
+    assert "dependent" not in msgpack.unpackb(encode_snapshot(random_snapshot(rng, 4)), raw=False)
+    ev = ChangeEvent(("a", "b"), 0.0, float(rng.random()), 5, "became-dependent", initial=True)
+    raw_ev = msgpack.unpackb(encode_event(ev, seq=1), raw=False)
+    assert raw_ev["initial"] is True
+    del raw_ev["initial"]
+    old_ev = decode(msgpack.packb(raw_ev, use_bin_type=True))
+    assert isinstance(old_ev, ChangeEvent) and old_ev.initial is False
+
+
+def test_significance_is_left_out_of_snapshots_it_would_push_past_the_size_limit(monkeypatch):
+    """Under a limit the full snapshot passes, n_eff is left out first and dependent next, the payload stays
+    within the limit; a limit the plain matrices pass is refused with InputError."""
+    rng = np.random.default_rng(12)
+    n = 40
+    snap = with_significance(rng, random_snapshot(rng, n))
+    full = len(encode_snapshot(snap))
+    monkeypatch.setattr(envelope, "MAX_ENVELOPE_BYTES", full - 1)
+    payload = encode_snapshot(snap)
+    raw = msgpack.unpackb(payload, raw=False)
+    assert "n_eff" not in raw and "dependent" in raw and len(payload) <= full - 1
+    monkeypatch.setattr(envelope, "MAX_ENVELOPE_BYTES", full - 4 * n * n - 1)
+    payload = encode_snapshot(snap)
+    raw = msgpack.unpackb(payload, raw=False)
+    assert "n_eff" not in raw and "dependent" not in raw and "mi" in raw and len(payload) <= full - 4 * n * n - 1
+    monkeypatch.setattr(envelope, "MAX_ENVELOPE_BYTES", 12 * n * n)
+    with pytest.raises(InputError, match="would exceed"):
+        encode_snapshot(snap)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(0, 12),
@@ -134,6 +206,8 @@ def test_event_round_trip():
     ev = ChangeEvent(("ax", "température"), float(rng.random()), float(rng.random()), 123_456_789, "became-dependent")
     msg = decode_message(encode_event(ev, seq=17, wall_ns=99))
     assert (msg.kind, msg.seq, msg.wall_ns, msg.body) == ("event", 17, 99, ev)
+    first = dataclasses.replace(ev, initial=True)
+    assert decode(encode_event(first, seq=18)) == first
 
 
 def test_status_round_trip_with_numpy_counters_and_no_stream_time():
@@ -167,7 +241,8 @@ def test_encoders_reject_bad_input_with_clear_errors():
 
 
 def valid_envelope(rng: np.random.Generator) -> dict:
-    return msgpack.unpackb(encode_snapshot(random_snapshot(rng, 3), seq=1, top_k=2), raw=False)
+    snap = with_significance(rng, random_snapshot(rng, 3))
+    return msgpack.unpackb(encode_snapshot(snap, seq=1, top_k=2), raw=False)
 
 
 @pytest.mark.parametrize(
@@ -188,6 +263,9 @@ def valid_envelope(rng: np.random.Generator) -> dict:
         (lambda m: m["age_s"].update(data=b"\0" * 5), "must be 36 bytes; got 5"),
         (lambda m: m["coverage"].update(data="text"), "got str"),
         (lambda m: m.update(pairs=[[0, 7, 0.1]]), "pairs entries"),
+        (lambda m: m["dependent"].update(dtype="<f4"), "'dependent' has dtype '<f4'"),
+        (lambda m: m["dependent"].update(data=b"\1" * 8), "'dependent' data must be 9 bytes"),
+        (lambda m: m["n_eff"].update(shape=[3]), "'n_eff' has shape"),
         (lambda m: [m.pop(k) for k in ("mi", "pairs")], "neither matrices"),
     ],
 )
@@ -208,6 +286,7 @@ def test_bad_event_and_status_envelopes_are_rejected():
         (ev, "change", "spike", "'change' must be one of"),
         (ev, "pair", ["a"], "two channel names"),
         (ev, "previous", "0.1", "'previous' has type str"),
+        (ev, "initial", 1, "'initial' has type int; expected bool"),
         (st_, "state", "busy", "'online' or 'offline'"),
         (st_, "counters", {"n": "1"}, "names to numbers"),
     ]:
@@ -251,7 +330,8 @@ msgpack_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
     max_leaves=20,
 )
-FIELDS = ("seq", "t_ns", "wall_ns", "channels", "mi", "pairs", "pair", "change", "previous", "current", "state")
+FIELDS = ("seq", "t_ns", "wall_ns", "channels", "mi", "pairs", "pair", "change", "previous", "current", "state",
+          "dependent", "n_eff", "initial")  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)

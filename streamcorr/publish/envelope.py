@@ -19,11 +19,14 @@ misread a message.
 | `coverage`     | matrix                      | fraction of the window where both channels had data; NaN: never    |
 | `pairs`        | list of `[i, j, mi]` (opt.) | cells with i < j, largest MI first, after top-k / threshold        |
 | `source`       | u1 matrix (opt.)            | what `mi` holds: 0 never assessed, 1 network estimate, 2 screen    |
+| `dependent`    | u1 matrix (opt.)            | the change detector's verdict: 1 dependent, 0 not (or not yet)     |
+| `n_eff`        | matrix (opt.)               | effective sample size of the newest network window; NaN: never     |
 | *event:*       |                             |                                                                    |
 | `pair`         | `[str, str]`                | the two channels                                                   |
 | `change`       | str                         | `"rise"`, `"fall"`, `"became-dependent"` or `"became-independent"` |
 | `previous`     | float                       | last reported MI of the pair, nats                                 |
 | `current`      | float                       | MI now, nats                                                       |
+| `initial`      | bool (opt.; absent: false)  | `became-dependent` at the pair's first assessment, not an onset    |
 | *status:*      |                             |                                                                    |
 | `state`        | str                         | `"online"` or `"offline"`                                          |
 | `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
@@ -32,10 +35,15 @@ A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 byte
 little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. The `source` matrix
 is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an optional key, so `v`
 stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
-screen this hop, not a network estimate. (``Snapshot.network_age_s``, the age of each pair's last network
-estimate, stays in-process: with it a 2,048-channel snapshot would pass the envelope size limit.) A `seq` lower
-than the last one seen means the publisher restarted. Snapshots sent with ``pairs_only`` (on the
-``{prefix}/pairs`` topic) carry `pairs` and no matrices.
+screen this hop, not a network estimate. `dependent` (``"|u1"``, 0 or 1 per cell) and `n_eff` (a float
+matrix) are optional keys too, absent from older publishers: a cell with MI but ``dependent`` 0 is not
+significant (below the detector's threshold at its false-alarm rate). Both are left out, `n_eff` first, of a
+snapshot they would push past the envelope size limit: `n_eff` above about 1,900 channels, `dependent` only
+near 2,048 channels with names of thousands of bytes.
+(``Snapshot.network_age_s``, the age of each pair's last network estimate, stays in-process: with it a
+2,048-channel snapshot would pass the limit.) An event's optional `initial` is true for a ``became-dependent``
+issued at the pair's first assessment. A `seq` lower than the last one seen means the publisher restarted.
+Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
 
 Decoding without streamcorr (Python here; any language with msgpack and a float32 view reads the same)::
 
@@ -47,8 +55,10 @@ Decoding without streamcorr (Python here; any language with msgpack and a float3
         mi = np.frombuffer(m["mi"]["data"], dtype=m["mi"]["dtype"]).reshape(m["mi"]["shape"])
         for i, j, value in m.get("pairs", []):
             print(m["channels"][i], m["channels"][j], value)
+        if "dependent" in m:  # optional: 0/1 per cell
+            dependent = np.frombuffer(m["dependent"]["data"], dtype=np.uint8).reshape(n, n).astype(bool)
     elif m["kind"] == "event":
-        print(m["pair"], m["change"], m["previous"], "->", m["current"])
+        print(m["pair"], m["change"], m["previous"], "->", m["current"], m.get("initial", False))
 
 Round trip with streamcorr:
 
@@ -62,6 +72,14 @@ Round trip with streamcorr:
 ...                     source=np.array([[0, 2], [2, 0]], dtype=np.uint8))
 >>> decode_message(encode_snapshot(screened)).body.source.tolist()  # 2: the screen's figure, not the network's
 [[0, 2], [2, 0]]
+>>> judged = replace(snap, dependent=np.array([[False, True], [True, False]]),
+...                  n_eff=np.array([[np.nan, 812.5], [812.5, np.nan]]))
+>>> out = decode_message(encode_snapshot(judged)).body
+>>> out.dependent.tolist(), float(out.n_eff[0, 1]), snap.dependent is None
+([[False, True], [True, False]], 812.5, True)
+>>> ev = ChangeEvent(("a", "b"), 0.0, 0.4, 10**9, "became-dependent", initial=True)
+>>> decode(encode_event(ev, seq=1)).initial
+True
 """
 
 from __future__ import annotations
@@ -106,8 +124,10 @@ Kind = Literal["snapshot", "event", "status"]
 StatusState = Literal["online", "offline"]
 _MATRIX_DTYPE = "<f4"  # float32 keeps NaN and inf, halves the bytes; MI needs no more than ~7 digits
 _READ_DTYPES = ("<f4", "<f8")
-_SOURCE_DTYPE = "|u1"  # the source matrix: one byte per cell
-_OPTIONAL_MATRICES = ("source",)  # from publishers with dependence screening
+_BYTE_DTYPE = "|u1"  # the source and dependent matrices: one byte per cell
+_OPTIONAL_MATRICES = ("source", "dependent", "n_eff")  # absent from older publishers (source: without screening)
+_CELL_BYTES = {"mi": 4, "age_s": 4, "coverage": 4, "source": 1, "dependent": 1, "n_eff": 4}  # on the wire
+_IF_ROOM = ("dependent", "n_eff")  # sent when they fit under MAX_ENVELOPE_BYTES, in this order
 _CHANGES = frozenset(get_args(EventKind))
 _UINT64_MAX = 2**64 - 1
 _SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
@@ -174,6 +194,11 @@ def check_pair_selection(top_k: int | None, threshold: float | None) -> None:
 
 def check_snapshot(snap: Snapshot) -> int:
     """Raise InputError unless the snapshot can be encoded; returns its channel count N."""
+    return _check_snapshot(snap)[0]
+
+
+def _check_snapshot(snap: Snapshot) -> tuple[int, int]:
+    """(N, the envelope's size bound in bytes without the matrices sent only when they fit: _IF_ROOM)."""
     n = len(snap.channels)
     if len(set(snap.channels)) != n:
         raise InputError(f"snapshot channels must be unique; got {n} names, some repeated")
@@ -185,7 +210,8 @@ def check_snapshot(snap: Snapshot) -> int:
             names_bytes += len(name.encode("utf-8")) + 5  # msgpack str header: at most 5 bytes
         except UnicodeEncodeError as exc:
             raise InputError(f"snapshot channel name {name!r:.80} is not valid UTF-8: {exc.reason}") from None
-    size = 3 * 4 * n * n + names_bytes + _SNAPSHOT_OVERHEAD
+    sent = [k for k in _CELL_BYTES if k not in _IF_ROOM and getattr(snap, k) is not None]
+    size = sum(_CELL_BYTES[k] for k in sent) * n * n + names_bytes + _SNAPSHOT_OVERHEAD
     if size > MAX_ENVELOPE_BYTES:
         msg = f"a snapshot of {n} channels ({names_bytes} bytes of names) would exceed {MAX_ENVELOPE_BYTES} bytes"
         raise InputError(msg + "; lower channels.max_channels or channels.max_name_bytes")
@@ -196,7 +222,7 @@ def check_snapshot(snap: Snapshot) -> int:
         if shape != (n, n):
             raise InputError(f"snapshot.{name} must have shape ({n}, {n}) for {n} channels; got {shape}")
     _check_seq(snap.seq)
-    return n
+    return n, size
 
 
 def check_event(ev: ChangeEvent) -> None:
@@ -207,9 +233,9 @@ def check_event(ev: ChangeEvent) -> None:
         raise InputError(f"event pair must be two channel names; got {ev.pair!r}")
 
 
-def _matrix(a: np.ndarray, n: int) -> dict[str, Any]:
-    data = np.ascontiguousarray(a, dtype=_MATRIX_DTYPE).tobytes()
-    return {"dtype": _MATRIX_DTYPE, "shape": [n, n], "data": data}
+def _matrix(a: np.ndarray, n: int, dtype: str = _MATRIX_DTYPE) -> dict[str, Any]:
+    data = np.ascontiguousarray(a, dtype=dtype).tobytes()
+    return {"dtype": dtype, "shape": [n, n], "data": data}
 
 
 def encode_snapshot(
@@ -225,7 +251,7 @@ def encode_snapshot(
     check_pair_selection(top_k, threshold)
     if pairs_only and top_k is None and threshold is None:
         raise ConfigError("pairs_only needs top_k and/or threshold (otherwise the message would be empty)")
-    n = check_snapshot(snap)
+    n, size = _check_snapshot(snap)
     msg: dict[str, Any] = {
         "v": VERSION,
         "kind": "snapshot",
@@ -241,8 +267,16 @@ def encode_snapshot(
         msg["age_s"] = _matrix(snap.age_s, n)
         msg["coverage"] = _matrix(snap.coverage, n)
         if snap.source is not None:
-            data = np.ascontiguousarray(snap.source, dtype=np.uint8).tobytes()
-            msg["source"] = {"dtype": _SOURCE_DTYPE, "shape": [n, n], "data": data}
+            msg["source"] = _matrix(snap.source, n, _BYTE_DTYPE)
+        for key in _IF_ROOM:
+            value = getattr(snap, key)
+            if value is None or size + _CELL_BYTES[key] * n * n > MAX_ENVELOPE_BYTES:
+                continue
+            size += _CELL_BYTES[key] * n * n
+            if key == "dependent":
+                msg[key] = _matrix(np.asarray(value, dtype=bool), n, _BYTE_DTYPE)
+            else:
+                msg[key] = _matrix(value, n)
     if top_k is not None or threshold is not None:
         # ranked in float32, so that a pair and its matrix cell are the same number
         picked = replace(snap, mi=mi32).top_pairs(top_k, threshold)
@@ -263,6 +297,7 @@ def encode_event(ev: ChangeEvent, *, seq: int, wall_ns: int | None = None) -> by
         "change": ev.kind,
         "previous": float(ev.previous),
         "current": float(ev.current),
+        "initial": bool(ev.initial),
     }
     return msgpack.packb(msg, use_bin_type=True)
 
@@ -313,8 +348,8 @@ def _decode_matrix(m: Mapping[str, Any], key: str, n: int, dtypes: tuple[str, ..
     dtype = spec.get("dtype")
     if dtype not in dtypes:
         raise EnvelopeError(f"snapshot matrix {key!r} has dtype {dtype!r}; this reader knows {dtypes}")
-    if dtype == _SOURCE_DTYPE:
-        return _decode_source(spec, n)
+    if dtype == _BYTE_DTYPE:
+        return _decode_bytes(spec, key, n)
     if spec.get("shape") != [n, n]:
         raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
     data = spec.get("data")
@@ -326,12 +361,12 @@ def _decode_matrix(m: Mapping[str, Any], key: str, n: int, dtypes: tuple[str, ..
         return np.frombuffer(data, dtype=dtype).reshape(n, n).astype(np.float64)
 
 
-def _decode_source(spec: Mapping[str, Any], n: int) -> np.ndarray:
+def _decode_bytes(spec: Mapping[str, Any], key: str, n: int) -> np.ndarray:
     if spec.get("shape") != [n, n]:
-        raise EnvelopeError(f"snapshot matrix 'source' has shape {spec.get('shape')!r}; expected [{n}, {n}]")
+        raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
     data = spec.get("data")
     if not isinstance(data, bytes) or len(data) != n * n:
-        raise EnvelopeError(f"snapshot matrix 'source' data must be {n * n} bytes")
+        raise EnvelopeError(f"snapshot matrix {key!r} data must be {n * n} bytes")
     return np.frombuffer(data, dtype=np.uint8).reshape(n, n).copy()
 
 
@@ -358,10 +393,16 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
     n = len(channels)
     pairs = _decode_pairs(m["pairs"], n) if "pairs" in m else None
     source: np.ndarray | None = None
+    dependent: np.ndarray | None = None
+    n_eff: np.ndarray | None = None
     if "mi" in m:
         mi, age_s, coverage = (_decode_matrix(m, key, n) for key in ("mi", "age_s", "coverage"))
         if "source" in m:
-            source = _decode_matrix(m, "source", n, (_SOURCE_DTYPE,))
+            source = _decode_matrix(m, "source", n, (_BYTE_DTYPE,))
+        if "dependent" in m:
+            dependent = _decode_matrix(m, "dependent", n, (_BYTE_DTYPE,)) != 0
+        if "n_eff" in m:
+            n_eff = _decode_matrix(m, "n_eff", n)
     elif pairs is not None:
         mi = np.full((n, n), np.nan)
         for i, j, value in pairs:
@@ -378,6 +419,8 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         age_s=age_s,
         coverage=coverage,
         source=source,
+        dependent=dependent,
+        n_eff=n_eff,
     )
     return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
 
@@ -391,7 +434,10 @@ def _decode_event(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         raise EnvelopeError(f"event field 'change' must be one of {sorted(_CHANGES)}; got {change!r}")
     previous = float(_get(m, "previous", (int, float), "event"))
     current = float(_get(m, "current", (int, float), "event"))
-    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change)
+    initial = m.get("initial", False)  # absent from older publishers
+    if not isinstance(initial, bool):
+        raise EnvelopeError(f"event field 'initial' has type {type(initial).__name__}; expected bool")
+    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change, initial)
     return Message("event", seq, ev, wall_ns)
 
 
