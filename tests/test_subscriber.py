@@ -1,6 +1,7 @@
 """The Subscriber against real publishers: ZeroMQ on loopback, the Mosquitto broker, and a tiny real Engine."""
 
 import asyncio
+import dataclasses
 import subprocess
 import threading
 import time
@@ -29,6 +30,11 @@ def assert_same_snapshot(got: Snapshot, sent: Snapshot) -> None:
     assert (got.seq, got.t_ns, got.wall_ns, got.channels) == (sent.seq, sent.t_ns, sent.wall_ns, sent.channels)
     for name in ("mi", "age_s", "coverage"):
         np.testing.assert_array_equal(getattr(got, name), np.asarray(getattr(sent, name), dtype=np.float32))
+    assert (got.dependent is None) == (sent.dependent is None) and (got.n_eff is None) == (sent.n_eff is None)
+    if sent.dependent is not None:
+        np.testing.assert_array_equal(got.dependent, sent.dependent)
+    if sent.n_eff is not None:
+        np.testing.assert_array_equal(got.n_eff, np.asarray(sent.n_eff, dtype=np.float32))
 
 
 async def joined(pub: ZmqPublisher, sub: Subscriber) -> None:
@@ -92,6 +98,38 @@ def test_zmq_late_joiner_gets_the_latest_snapshot_from_the_cache_once():
     assert_same_snapshot(first, snaps[2])
     assert [s.seq for s in rest] == [4]
     assert counters.late_joins == 1 and counters.gaps["snapshot"] == 0 and counters.received["snapshot"] == 2
+
+
+def test_zmq_subscriber_keeps_significance_and_initial_live_and_from_the_cache():
+    """The detector's verdict and n_eff reach a late joiner's cached snapshot (origin "retained") and the live
+    ones, and an initial became-dependent event arrives marked initial."""
+    rng = np.random.default_rng(30)
+
+    def judged(seq: int) -> Snapshot:
+        snap = make_snapshot(rng, n=4, seq=seq)
+        dependent = np.triu(rng.random((4, 4)) < 0.5, 1)
+        n_eff = rng.uniform(20, 1024, (4, 4))
+        return dataclasses.replace(snap, dependent=dependent | dependent.T, n_eff=(n_eff + n_eff.T) / 2)
+
+    async def main():
+        async with ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT) as pub:
+            snaps = [judged(1), judged(2)]
+            await pub.publish_snapshot(snaps[0])
+            async with Subscriber(pub.endpoint, snapshot_url=pub.snapshot_endpoint) as sub:
+                first = await anext(sub.snapshots(timeout_s=2))
+                await joined(pub, sub)
+                await pub.publish_snapshot(snaps[1])
+                await pub.publish_event(ChangeEvent(("ch0", "ch1"), 0.0, 0.7, 2, "became-dependent", initial=True))
+                live = await anext(sub.snapshots(timeout_s=2))
+                ev = await anext(sub.events(timeout_s=2))
+                return snaps, first, live, ev
+
+    snaps, first, live, ev = asyncio.run(main())
+    assert first.origin == "retained" and live.origin == "live"
+    assert_same_snapshot(first, snaps[0])
+    assert_same_snapshot(live, snaps[1])
+    assert first.dependent is not None and first.dependent.dtype == bool
+    assert ev.kind == "became-dependent" and ev.initial is True
 
 
 def test_zmq_late_join_without_a_cache_times_out_and_carries_on():

@@ -9,6 +9,9 @@ Messages are decoded into numpy-backed :class:`Snapshot`, :class:`ChangeEvent` a
 wait in bounded queues (``queue_size`` each; when a consumer falls behind the oldest is dropped and
 counted in ``counters.dropped``). Sequence numbers are checked per topic: messages lost on the way are
 counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
+Besides ``mi``, a snapshot carries ``snap.dependent`` (the change detector's verdict per cell: a cell with MI
+but False is not significant) and ``snap.n_eff`` (effective sample sizes); both are None from publishers that
+do not send them. An event's ``ev.initial`` marks a pair found dependent at its first assessment.
 
 Each snapshot says where it comes from in ``snap.origin``: ``"live"``, ``"retained"`` (the broker's or the
 cache's copy, made ``snap.wall_age_s`` ago) or ``"offline"`` (the publisher's newest status says "offline":
