@@ -79,7 +79,7 @@ def test_ws_pushes_snapshot_event_and_status_json() -> None:
                 await view.publish_event(ChangeEvent(("a", "b"), 0.01, 0.8, 123, "became-dependent"))
                 ev = await _receive_json(ws, "event")
                 assert ev == {"kind": "event", "pair": ["a", "b"], "previous": 0.01, "current": 0.8,
-                              "change": "became-dependent", "t_ns": 123}  # fmt: skip
+                              "change": "became-dependent", "t_ns": 123, "initial": False}  # fmt: skip
                 await view.publish_status("online", {"hops": 3, "channels": 3, "healthy": 1, "src.samples_handed": 9,
                                                      "src.dropped": 2, "engine.dropped.late": 1})  # fmt: skip
                 status = await _receive_json(ws, "status")
@@ -90,6 +90,37 @@ def test_ws_pushes_snapshot_event_and_status_json() -> None:
                 assert view.queue_depth == 0
             assert view.counters.sent == {"snapshot": 1, "pairs": 0, "event": 1, "status": 1}
             assert view.counters_dict()["messages_sent"] == 3 == view.counters.extra["messages_sent"]
+
+    _run(main)
+
+
+def test_ws_snapshot_carries_the_verdict_and_n_eff_and_events_initial() -> None:
+    """A snapshot's dependent (bools) and n_eff (null where NaN) reach the client as nested lists, null when the
+    snapshot lacks them; an initial event says so."""
+    import dataclasses
+
+    rng = np.random.default_rng(11)
+    mi = _random_mi(rng, 3)
+    dependent = np.array([[False, True, False], [True, False, False], [False, False, False]])
+    n_eff = np.where(np.isnan(mi), np.nan, rng.uniform(20, 1000, (3, 3)))
+    judged = dataclasses.replace(_snapshot(1, ["a", "b", "c"], mi), dependent=dependent, n_eff=n_eff)
+
+    async def main() -> None:
+        async with (
+            WebView(port=0) as view,
+            aiohttp.ClientSession() as http,
+            http.ws_connect(view.url + "/ws") as ws,
+        ):
+            await asyncio.sleep(0.05)  # let the server register the client
+            await view.publish_snapshot(judged)
+            snap = await _receive_json(ws, "snapshot")
+            assert snap["dependent"] == dependent.tolist()
+            assert snap["n_eff"][0][0] is None and snap["n_eff"][0][1] == round(float(n_eff[0, 1]), 1)
+            await view.publish_snapshot(_snapshot(2, ["a", "b", "c"], mi))
+            plain = await _receive_json(ws, "snapshot")
+            assert plain["dependent"] is None and plain["n_eff"] is None
+            await view.publish_event(ChangeEvent(("a", "b"), 0.0, 0.8, 5, "became-dependent", initial=True))
+            assert (await _receive_json(ws, "event"))["initial"] is True
 
     _run(main)
 
@@ -456,6 +487,59 @@ def test_screened_cells_are_marked_in_chromium(chromium: Any) -> None:
         assert "network estimate" in page.inner_text("#detail-meta")
 
 
+def test_cells_not_significant_are_hatched_and_hover_shows_n_eff_in_chromium(chromium: Any) -> None:
+    """Cells with MI the detector does not find dependent are drawn dimmed and hatched (darker than a dependent
+    cell of the same MI), the legend explains them, the hover line gives the verdict and n_eff, and an initial
+    event is listed as initial."""
+    import dataclasses
+
+    rng = np.random.default_rng(20)
+    with _page_on(chromium, WebView(port=0, table_fn=_gaussian_theta)) as (served, page):
+        view = served.view
+        n = len(ARM_CHANNELS)
+        mi = _arm_mi(rng, 0.0)
+        dep_pair = (ARM_CHANNELS.index("arm.j1.gyro"), ARM_CHANNELS.index("arm.j2.gyro"))
+        ns_pair = (ARM_CHANNELS.index("gripper.force"), ARM_CHANNELS.index("arm.j3.torque"))
+        for i, j in (dep_pair, ns_pair):  # the same MI: only the verdict differs
+            mi[i, j] = mi[j, i] = 0.6
+        dependent = np.triu(rng.uniform(size=(n, n)) < 0.5, 1)
+        dependent = dependent | dependent.T
+        dependent[dep_pair] = dependent[dep_pair[::-1]] = True
+        dependent[ns_pair] = dependent[ns_pair[::-1]] = False
+        n_eff = np.where(np.isnan(mi), np.nan, 812.0)
+        n_eff[ns_pair] = n_eff[ns_pair[::-1]] = 640.0
+        snap = dataclasses.replace(_snapshot(1, ARM_CHANNELS, mi), dependent=dependent, n_eff=n_eff)
+        served.call(view.publish_snapshot, snap)
+        page.goto(view.url + "/")
+        page.wait_for_selector("#heatmap[data-seq='1']", timeout=5000)
+        expected = int((~dependent & np.isfinite(mi)).sum())
+        assert int(page.get_attribute("#heatmap", "data-insignificant") or -1) == expected
+        assert page.get_attribute("#legend", "data-insignificant") == "true"
+        color_js = """([i, j]) => {
+            const c = document.getElementById('heatmap'), d = c.dataset, r = window.devicePixelRatio || 1;
+            const px = [];  // a 5 x 5 patch around the centre: the mean colour, hatch stripes included
+            for (let dy = -2; dy <= 2; dy++) for (let dx = -2; dx <= 2; dx++) {
+                const x = (+d.x0 + (j + 0.5) * +d.cell) * r + dx, y = (+d.y0 + (i + 0.5) * +d.cell) * r + dy;
+                px.push(Array.from(c.getContext('2d').getImageData(Math.floor(x), Math.floor(y), 1, 1).data));
+            }
+            return px.reduce((s, p) => s + 0.3 * p[0] + 0.59 * p[1] + 0.11 * p[2], 0) / px.length;
+        }"""
+        if int(page.get_attribute("#heatmap", "data-cell") or 0) >= 34:  # numbers drawn: sample beside them
+            color_js = color_js.replace("(i + 0.5)", "(i + 0.2)")
+        lit, dim = page.evaluate(color_js, list(dep_pair)), page.evaluate(color_js, list(ns_pair))
+        assert dim < 0.8 * lit, (lit, dim)
+        _hover_cell(page, *ns_pair)
+        page.wait_for_selector("#detail-meta[data-dependent='false']", timeout=5000)
+        assert "not significant" in page.inner_text("#detail-meta") and "n_eff 640" in page.inner_text("#detail-meta")
+        _hover_cell(page, *dep_pair)
+        page.wait_for_selector("#detail-meta[data-dependent='true']", timeout=5000)
+        assert "· dependent" in page.inner_text("#detail-meta") and "n_eff 812" in page.inner_text("#detail-meta")
+        served.call(view.publish_event, ChangeEvent(("arm.j1.gyro", "arm.j2.gyro"), 0.0, 0.6, 1, "became-dependent",
+                                                    initial=True))  # fmt: skip
+        page.wait_for_selector("#events li[data-initial='1']", timeout=5000)
+        assert "became-dependent (initial)" in page.inner_text("#events li[data-initial='1']")
+
+
 def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
     """In headless Chromium the heatmap follows snapshots, events list newest first, hover shows the pair's
     detail and table, the page reconnects after the server restarts; the page is captured as a screenshot."""
@@ -540,13 +624,20 @@ def test_page_renders_64_channels_quickly(chromium: Any) -> None:
     """With 64 channels (2016 pairs) the page renders each snapshot in well under the 1 s snapshot period."""
     rng = np.random.default_rng(10)
     channels = [f"cell{k // 8}.j{k % 8}.gyro" for k in range(64)]
+    import dataclasses
+
+    def judged(seq: int) -> Snapshot:  # half the cells not significant: hatched, the slowest cells to draw
+        dependent = np.triu(rng.uniform(size=(64, 64)) < 0.5, 1)
+        snap = _snapshot(seq, channels, _random_mi(rng, 64))
+        return dataclasses.replace(snap, dependent=dependent | dependent.T, n_eff=np.full((64, 64), 500.0))
+
     with _page_on(chromium, WebView(port=0), height=1000) as (served, page):
-        served.call(served.view.publish_snapshot, _snapshot(1, channels, _random_mi(rng, 64)))
+        served.call(served.view.publish_snapshot, judged(1))
         page.goto(served.view.url + "/")
         page.wait_for_selector("#heatmap[data-seq='1'][data-n='64']", timeout=5000)
         render_ms = []
         for seq in range(2, 12):
-            served.call(served.view.publish_snapshot, _snapshot(seq, channels, _random_mi(rng, 64)))
+            served.call(served.view.publish_snapshot, judged(seq))
             page.wait_for_selector(f"#heatmap[data-seq='{seq}']", timeout=5000)
             render_ms.append(float(page.get_attribute("#heatmap", "data-render-ms") or "nan"))
         assert int(page.get_attribute("#heatmap", "data-cell") or 0) >= 6  # every cell is still visible

@@ -5,7 +5,8 @@ Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served 
 
 - ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
 - ``GET /ws``            JSON text messages, one per frame, in the envelope's words (:mod:`.envelope`):
-  ``kind`` is ``"snapshot"``, ``"event"`` (its ``change``: rise, fall, ...) or ``"status"`` (``state`` and
+  ``kind`` is ``"snapshot"`` (matrices as nested lists, null for NaN; ``dependent`` and ``n_eff`` null when the
+  snapshot lacks them), ``"event"`` (its ``change``: rise, fall, ...; ``initial``) or ``"status"`` (``state`` and
   ``counters``, the page's status line: ``status_line(counters)``, by default :func:`web_summary`)
 - ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
 
@@ -95,13 +96,17 @@ def snapshot_message(snap: Snapshot) -> dict[str, Any]:
         "coverage": _finite_list(snap.coverage, 3),
         # per cell: 0 never assessed, 1 network estimate, 2 the screen's figure; None from older publishers
         "source": None if snap.source is None else np.asarray(snap.source, dtype=np.uint8).tolist(),
+        # per cell: the change detector's verdict and the effective sample size (None where NaN); None: not sent
+        "dependent": None if snap.dependent is None else np.asarray(snap.dependent, dtype=bool).tolist(),
+        "n_eff": None if snap.n_eff is None else _finite_list(snap.n_eff, 1),
     }
 
 
 def event_message(ev: ChangeEvent) -> dict[str, Any]:
     """The WebSocket form of a change event: MI in nats (4 decimals), None where not finite."""
     previous, current = (round(float(x), 4) if math.isfinite(x) else None for x in (ev.previous, ev.current))
-    return dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns)
+    return dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns,
+                initial=bool(ev.initial))  # fmt: skip
 
 
 def _dumps(msg: dict[str, Any]) -> str:

@@ -1,13 +1,16 @@
 "use strict";
 // Live view of a streamcorr engine: WebSocket messages in, canvas drawings out. No dependencies, no build.
 // Test hooks: #heatmap carries data-seq (last rendered snapshot), its geometry (data-x0, data-y0, data-cell
-// in CSS pixels) and data-render-ms; #detail carries data-pair; #table carries data-grid and data-pair once drawn.
+// in CSS pixels), data-screened and data-insignificant (cell counts) and data-render-ms; #detail carries data-pair;
+// #detail-meta data-source and data-dependent; #table carries data-grid and data-pair once drawn.
 (() => {
   const MAX_EVENTS = 100; // list length; older entries are removed
   const HISTORY_MAX = 1000; // points kept for the sparkline of the selected pair
   const TABLE_REFRESH_MS = 5000; // the selected pair's table is refetched at most this often
   const NAN_GREY = "#4a505a";
   const SCREEN_MARK = "#c8ced6", SOURCE_SCREEN = 2; // snapshot source: 0 none, 1 network, 2 the screen's figure
+  // a cell with MI that the change detector does not find dependent: dimmed toward the page, then hatched
+  const PANEL = [28, 32, 39], NS_DIM = 0.55, NS_HATCH = "rgba(154,164,177,0.4)"; // light: seen on dark cells too
   // viridis at ten stops: perceptually even, readable on a dark background
   const VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e",
     "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"].map(hexRgb);
@@ -29,6 +32,15 @@
     return mix(VIRIDIS[k], VIRIDIS[k + 1], x - k);
   }
   function miColor(v) { return v === null ? NAN_GREY : rgb(ramp(v / st.vmax)); }
+  function nsColor(v) { return rgb(mix(ramp(v / st.vmax), PANEL, NS_DIM)); }
+  function hatch(ctx, x, y, w) { // diagonal stripes over one square cell
+    ctx.save(); ctx.beginPath(); ctx.rect(x, y, w, w); ctx.clip();
+    ctx.strokeStyle = NS_HATCH; ctx.lineWidth = 1; ctx.beginPath();
+    const step = Math.max(4, Math.floor(w / 4));
+    for (let d = -w; d < w; d += step) { ctx.moveTo(x + d, y + w); ctx.lineTo(x + d + w, y); }
+    ctx.stroke(); ctx.restore();
+  }
+  function notSignificant(s, i, j) { return !!s.dependent && s.mi[i][j] !== null && !s.dependent[i][j]; }
   function thetaColor(v, m) { // diverging around θ = 0: blue below, red above
     if (v === null) return NAN_GREY;
     const t = clamp(v / m, -1, 1), mid = [238, 238, 238];
@@ -73,10 +85,15 @@
     for (const row of s.mi) for (const v of row) if (v !== null && v > max) max = v;
     st.vmax = niceMax(max);
     const gap = L.cell >= 10 ? 1 : 0;
+    let insignificant = 0;
     for (let i = 0; i < n; i++) {
       for (let j = 0; j < n; j++) {
-        ctx.fillStyle = miColor(s.mi[i][j]);
+        const ns = notSignificant(s, i, j);
+        ctx.fillStyle = ns ? nsColor(s.mi[i][j]) : miColor(s.mi[i][j]);
         ctx.fillRect(L.x0 + j * L.cell, L.y0 + i * L.cell, L.cell - gap, L.cell - gap);
+        if (!ns) continue;
+        insignificant++;
+        if (L.cell >= 6) hatch(ctx, L.x0 + j * L.cell, L.y0 + i * L.cell, L.cell - gap); // smaller: dimmed only
       }
     }
     // a cell holding the screen's figure (the pair failed the cheap screen) rather than a network estimate gets
@@ -102,7 +119,7 @@
         for (let j = 0; j < n; j++) {
           const v = s.mi[i][j];
           if (v === null) continue;
-          ctx.fillStyle = v / st.vmax > 0.6 ? "#111" : "#eee";
+          ctx.fillStyle = v / st.vmax > 0.6 && !notSignificant(s, i, j) ? "#111" : "#eee";
           ctx.fillText(v.toFixed(2), L.x0 + (j + 0.5) * L.cell, L.y0 + (i + 0.5) * L.cell);
         }
       }
@@ -125,15 +142,17 @@
       ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
       for (const [r, c] of [[si, sj], [sj, si]]) ctx.strokeRect(L.x0 + c * L.cell, L.y0 + r * L.cell, L.cell - gap, L.cell - gap);
     }
-    Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax, screened });
-    drawLegend(screened > 0);
+    Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax, screened,
+      insignificant });
+    drawLegend(screened > 0, insignificant > 0);
     heat.dataset.renderMs = (performance.now() - t0).toFixed(2);
   }
 
-  function drawLegend(screenedShown) {
+  function drawLegend(screenedShown, insignificantShown) {
     const w = Math.max(240, Math.min(460, $("heat-wrap").clientWidth - 4));
-    const ctx = sizeCanvas(legend, w, screenedShown ? 60 : 44), barW = w - 120;
+    const ctx = sizeCanvas(legend, w, 44 + 18 * (screenedShown + insignificantShown)), barW = w - 120;
     legend.dataset.screen = String(screenedShown);
+    legend.dataset.insignificant = String(insignificantShown);
     for (let x = 0; x < barW; x++) { ctx.fillStyle = rgb(ramp(x / (barW - 1))); ctx.fillRect(x, 4, 1, 14); }
     ctx.fillStyle = "#9aa4b1"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "top";
     const step = st.vmax <= 2 ? 0.25 : st.vmax <= 4 ? 0.5 : 1, ticks = Math.floor(st.vmax / step + 1e-9);
@@ -146,11 +165,18 @@
     ctx.textAlign = "left"; ctx.fillText("MI (nats)", barW + 10, 4);
     ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, 24, 12, 12);
     ctx.fillStyle = "#9aa4b1"; ctx.fillText("no estimate", barW + 26, 24);
+    let y = 42;
     if (screenedShown) { // the corner mark's meaning, beside the grey of "no estimate"
-      ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, 42, 12, 12);
-      ctx.fillStyle = SCREEN_MARK; ctx.beginPath(); ctx.moveTo(barW + 10, 42); ctx.lineTo(barW + 16, 42);
-      ctx.lineTo(barW + 10, 48); ctx.closePath(); ctx.fill();
-      ctx.fillStyle = "#9aa4b1"; ctx.fillText("screen figure", barW + 26, 42);
+      ctx.fillStyle = NAN_GREY; ctx.fillRect(barW + 10, y, 12, 12);
+      ctx.fillStyle = SCREEN_MARK; ctx.beginPath(); ctx.moveTo(barW + 10, y); ctx.lineTo(barW + 16, y);
+      ctx.lineTo(barW + 10, y + 6); ctx.closePath(); ctx.fill();
+      ctx.fillStyle = "#9aa4b1"; ctx.fillText("screen figure", barW + 26, y);
+      y += 18;
+    }
+    if (insignificantShown) { // a mid-scale cell as the page draws one the detector does not find dependent
+      ctx.fillStyle = rgb(mix(ramp(0.5), PANEL, NS_DIM)); ctx.fillRect(barW + 10, y, 12, 12);
+      hatch(ctx, barW + 10, y, 12);
+      ctx.fillStyle = "#9aa4b1"; ctx.fillText("not significant", barW + 26, y);
     }
   }
 
@@ -222,9 +248,13 @@
     const src = s.source ? s.source[i][j] : null;
     const what = src === SOURCE_SCREEN ? " · screen figure (failed the screen; not a network estimate)"
       : src === 1 ? " · network estimate" : "";
+    const dep = s.dependent && v !== null ? s.dependent[i][j] : null, nEff = s.n_eff ? s.n_eff[i][j] : null;
+    const verdict = dep === null ? "" : dep ? " · dependent" : " · not significant";
+    const size = nEff === null ? "" : ` · n_eff ${nEff.toFixed(0)}`; // effective sample size of the window
     $("detail-meta").textContent =
-      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}${what}`;
+      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}${what}${verdict}${size}`;
     $("detail-meta").dataset.source = src === null ? "" : String(src);
+    $("detail-meta").dataset.dependent = dep === null ? "" : String(dep);
     const d = st.detail;
     if (d && (d.t.length === 0 || s.t_ns > d.t[d.t.length - 1])) { // extend the fetched history live
       d.t.push(s.t_ns); d.v.push(v);
@@ -288,8 +318,11 @@
   function addEvent(ev) {
     const li = document.createElement("li");
     li.dataset.change = ev.change; li.dataset.pair = ev.pair.join("|");
+    if (ev.initial) li.dataset.initial = "1"; // dependent from the pair's first assessment, not an onset
     const when = document.createElement("span"); when.className = "when"; when.textContent = fmtTime(ev.t_ns);
-    const change = document.createElement("span"); change.className = "change"; change.textContent = ev.change;
+    const change = document.createElement("span"); change.className = "change";
+    change.textContent = ev.initial ? `${ev.change} (initial)` : ev.change;
+    if (ev.initial) change.title = "dependent from the pair's first assessment, not an onset";
     const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`);
     li.append(when, change, what);
     const list = $("events");
