@@ -1,4 +1,5 @@
-"""`streamcorr run config.yaml`: sources -> engine -> sinks, with /metrics, /healthz and the optional web view.
+"""`streamcorr run config.yaml`: sources -> engine -> sinks, with /metrics, /livez, /readyz, /healthz and the
+optional web view.
 
 Shutdown (SIGTERM, SIGINT or `stop()`): ingest stops first, windows already due
 are evaluated (for at most ``SHUTDOWN_FLUSH_S``; a hop still running then is
@@ -6,13 +7,14 @@ abandoned at its next model batch), the last snapshot and an "offline" status ar
 published (each sink gets at most ``SHUTDOWN_SINK_S``), then the listeners close.
 A source or sink losing its broker reconnects by itself; the daemon never exits for that.
 
-Start-up: HTTP comes up first and ``/healthz`` answers "starting" (503) while the engine is
-prepared in a worker thread (the model, and on the first start with a window setting the change
-detector's null calibration, logged with its expected duration); Ctrl-C or SIGTERM then stops at
-once. ``/healthz`` is 200 only while every part does its job: engine running, every source
-connected, snapshots fresh while input flows, every output alive; otherwise 503 with the problems
-named. Every ledger entry (ingest, engine, outputs, web view, HTTP listener) is a Prometheus series
-and a key of the status message's counters.
+Start-up: HTTP comes up first; ``/livez`` answers 200, ``/readyz`` and ``/healthz`` "starting" (503) while
+the engine is prepared in a worker thread (the model, and on the first start with a window setting the
+change detector's null calibration, logged with its expected duration); Ctrl-C or SIGTERM then stops at
+once. What each health endpoint claims is in :mod:`streamcorr.observe`. Under a systemd ``Type=notify``
+unit (examples/streamcorr.service) the daemon says READY=1 once running, extends the start timeout while
+it prepares the engine, pings the watchdog from the event loop, and says STOPPING=1 at shutdown. Every
+ledger entry (ingest, engine, outputs, web view, HTTP listener) is a Prometheus series and a key of the
+status message's counters.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -41,7 +43,7 @@ from .http_guard import HttpGuard
 from .ingest.source import Source
 from .logutil import RateLimitedLog
 from .matrix import Snapshot
-from .observe import DaemonMetrics, health, status_counters
+from .observe import DaemonMetrics, SystemdNotifier, health, liveness, readiness, status_counters
 from .parts import COMPUTE, OUTPUTS, SOURCES, SinkGuard
 from .publish.sinks import Sink, forward
 from .settings import EngineConfig
@@ -96,6 +98,7 @@ class Daemon:
         ).set_function(lambda: self.publish_lag_s)  # fmt: skip
         self.started_wall = time.time()
         self.http_url: str | None = None
+        self.notify = SystemdNotifier()
         self.phase = "starting"  # starting -> running -> stopping
         self.phase_detail = "loading the model"
         self._stop = asyncio.Event()
@@ -224,14 +227,19 @@ class Daemon:
             body = generate_latest(self.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-        async def health(_req: web.Request) -> web.Response:
-            code, body = self.health()
-            return web.json_response(body, status=code)
+        def answer(probe: Callable[[], tuple[int, dict[str, Any]]]) -> Callable[[web.Request], Awaitable[Any]]:
+            async def handler(_req: web.Request) -> web.Response:  # on the event loop: an answer proves it turns
+                code, body = probe()
+                return web.json_response(body, status=code)
+
+            return handler
 
         self.http_guard = HttpGuard(max_connections=h.max_connections, header_timeout_s=h.header_timeout_s)
         app = web.Application(middlewares=[self.http_guard.middleware])
         app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", health)
+        app.router.add_get("/livez", answer(lambda: liveness(self)))
+        app.router.add_get("/readyz", answer(lambda: readiness(self)))
+        app.router.add_get("/healthz", answer(self.health))
         if self.web is not None:
             self.web.attach(app)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -246,7 +254,8 @@ class Daemon:
             raise ConfigError(msg) from None
         host = f"[{h.host}]" if ":" in h.host else h.host
         self.http_url = f"http://{host}:{port}"
-        log.info("http listening on %s (/metrics, /healthz%s)", self.http_url, ", / live view" if self.web else "")
+        web_note = ", / live view" if self.web else ""
+        log.info("http listening on %s (/metrics, /livez, /readyz, /healthz%s)", self.http_url, web_note)
 
     async def _stop_http(self) -> None:
         if self._runner is not None:  # first: web view clients get a proper close frame
@@ -297,6 +306,7 @@ class Daemon:
             while True:
                 waiting: set[asyncio.Future[Any]] = {done, stop}
                 await asyncio.wait(waiting, timeout=15.0 if told else 2.0, return_when=asyncio.FIRST_COMPLETED)
+                self.notify.extend_start(60.0, self.phase_detail)  # still preparing, and the loop turns
                 if done.done():
                     self._engine = done.result()
                     if told:
@@ -337,6 +347,7 @@ class Daemon:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
+        watchdog = asyncio.create_task(self.notify.watchdog(), name="systemd-watchdog")
         try:
             for line in exposed_listeners(self.cfg):
                 log.warning("listening beyond loopback: %s", line)
@@ -345,6 +356,8 @@ class Daemon:
                 await self._serve()
         finally:
             self.phase, self.phase_detail = "stopping", "shutting down"
+            self.notify.stopping()
+            await _cancel([watchdog])  # a slow shutdown is bounded by TimeoutStopSec, not the watchdog
             await self._close_compute()
             await self._stop_http()
             if install_signals:
@@ -384,6 +397,7 @@ class Daemon:
             task.add_done_callback(functools.partial(self._source_done, name))
         watch = asyncio.create_task(self._watch())
         self.phase = "running"
+        self.notify.ready(f"running: {len(self.sources)} source(s), {len(self.outputs)} output(s)")
         log.info("running: %d source(s), %d output(s)", len(self.sources), len(self.outputs))
         try:
             await self._stop.wait()

@@ -1,13 +1,33 @@
-"""What the daemon tells about itself: Prometheus /metrics, the status message's counters, /healthz.
+"""What the daemon tells about itself: Prometheus /metrics, the status message's counters, and three health
+endpoints for an orchestrator.
 
 Every ledger entry of every part (sources, engine, compute backend, outputs, HTTP listener) is read at
 scrape time from the part's own counters, so nothing is counted twice; /metrics and the status message
-carry the same entries. ``/healthz`` is 200 only while every part does its job.
+carry the same entries.
+
+Health, from the weakest claim to the strongest:
+
+* ``/livez`` (liveness): 200 whenever it answers at all (its handler runs on the event loop, so an answer
+  proves the loop turns), through start-up and calibration; 503 only when a part has stopped for good and
+  only a restart helps (the engine's evaluation task or the forwarder to the outputs ended while running);
+* ``/readyz`` (readiness): 200 once the model is loaded, the change detector's calibration measured, the
+  engine running and every source "listening" or "connected"; otherwise 503 naming why (a broker that does
+  not answer, "starting", "stopping");
+* ``/healthz`` (detail): 200 only while every part does its job, 503 naming each problem; a bound ZeroMQ
+  socket that no sender has connected to yet is "listening" there, not a problem (a sender that stops shows
+  as ``last_input_age_s``).
+
+A source's state: "connected" (MQTT: connected and subscribed; ZeroMQ: a peer connected), "listening" (a
+bound ZeroMQ socket without a sender: ready to receive), or "not connected".
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
+import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -16,7 +36,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .compute import COUNTER_HELP, GAUGES, PairEvaluator
-from .config import Config
+from .config import Config, MqttSourceConfig
+from .ingest.source import Source
 from .matrix import Snapshot
 from .publish.sinks import SinkCounters
 
@@ -24,7 +45,19 @@ if TYPE_CHECKING:
     from .daemon import Daemon
     from .parts import SinkGuard
 
-__all__ = ["DaemonMetrics", "health", "output_problem", "queue_depths", "status_counters"]
+__all__ = [
+    "DaemonMetrics",
+    "SystemdNotifier",
+    "health",
+    "liveness",
+    "output_problem",
+    "queue_depths",
+    "readiness",
+    "source_state",
+    "status_counters",
+]
+
+log = logging.getLogger("streamcorr.daemon")
 
 _SINK_FIELDS = frozenset(f.name for f in dataclasses.fields(SinkCounters))
 _LEDGER_GAUGES = frozenset({"clients", "bytes_on_disk"})  # levels; every other ledger entry only grows
@@ -163,6 +196,7 @@ class DaemonMetrics(Collector):
         yield depth
         yield from self._outputs()
         yield GaugeMetricFamily("streamcorr_up", "1 when /healthz answers 200", value=float(health(d)[0] == 200))
+        yield GaugeMetricFamily("streamcorr_ready", "1 when /readyz answers 200", value=float(readiness(d)[0] == 200))
 
     def _outputs(self) -> Iterator[Any]:
         d = self.d
@@ -290,6 +324,7 @@ def health(d: Daemon) -> tuple[int, dict[str, Any]]:
         "problems": [],
         "engine_running": engine_ok,
         "sources_connected": {n: bool(s.connected) for n, s in d.sources},
+        "sources": {n: source_state(s) for n, s in d.sources},
         "outputs_alive": {name: why is None for name, why in output_problems.items()},
         "last_snapshot_seq": latest.seq if latest else None,
         "last_snapshot_age_s": round(now - latest.wall_ns / 1e9, 3) if latest else None,
@@ -305,7 +340,7 @@ def health(d: Daemon) -> tuple[int, dict[str, Any]]:
     problems: list[str] = body["problems"]
     if not engine_ok:
         problems.append("engine not running")
-    problems += [f"source {n} not connected" for n, ok in body["sources_connected"].items() if not ok]
+    problems += [f"source {n} not connected" for n, state in body["sources"].items() if state == "not connected"]
     problems += [why for why in output_problems.values() if why is not None]
     stale = d.snapshot_stale_s
     flowing = d.last_input_wall is not None and now - d.last_input_wall < stale
@@ -319,3 +354,100 @@ def health(d: Daemon) -> tuple[int, dict[str, Any]]:
         body["status"] = "degraded"
         return 503, body
     return 200, body
+
+
+def source_state(src: Source) -> str:
+    """The source's state: "connected", "listening" (bound, no sender yet) or "not connected" (module docstring)."""
+    if src.connected:
+        return "connected"
+    bound = getattr(src, "ready", None)  # ZmqSource: set once its socket is bound or connected
+    if getattr(src, "bind", False) and isinstance(bound, asyncio.Event) and bound.is_set():
+        return "listening"
+    return "not connected"
+
+
+def _why_not_ready(d: Daemon, k: int, name: str, src: Source) -> str:
+    """Why source k is not ready, in the words an operator acts on: its config key and the peer it waits for."""
+    section = d.cfg.sources[k]
+    key = f"source {name} (sources.{k})"
+    if isinstance(section, MqttSourceConfig):
+        if failures := src.counters.connect_failures:
+            return f"{key}: no MQTT broker answers at {section.host}:{section.port} ({failures} attempts, retrying)"
+        return f"{key}: connecting to the MQTT broker at {section.host}:{section.port}"
+    if getattr(section, "bind", False):
+        return f"{key}: not bound to {section.endpoint} yet"
+    return f"{key}: no peer at {section.endpoint} yet (ZeroMQ connects when one listens there)"
+
+
+def readiness(d: Daemon) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of /readyz: 200 when the daemon can take input (see the module docstring)."""
+    states = {name: source_state(src) for name, src in d.sources}
+    problems: list[str] = []
+    if d.phase != "running":
+        problems.append(f"{d.phase}: {d.phase_detail}")
+    else:
+        engine = d.engine_or_none
+        if engine is None or not engine.running:
+            problems.append("engine not running")
+        problems += [_why_not_ready(d, k, name, src) for k, (name, src) in enumerate(d.sources)
+                     if states[name] == "not connected"]  # fmt: skip
+    body = {"status": "not ready" if problems else "ready", "problems": problems, "sources": states}
+    return (503 if problems else 200), body
+
+
+def liveness(d: Daemon) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) of /livez: 503 only when a part stopped for good (see the module docstring)."""
+    dead: list[str] = []
+    if d.phase == "running":
+        engine = d.engine_or_none
+        if engine is not None and not engine.running:
+            dead.append("the engine's evaluation task ended")
+        if d.forwarder_stopped:
+            dead.append("the forwarder to the outputs stopped")
+    body = {"status": "dead" if dead else "alive", "problems": dead, "phase": d.phase,
+            "uptime_s": round(time.time() - d.started_wall, 1)}  # fmt: skip
+    return (503 if dead else 200), body
+
+
+class SystemdNotifier:
+    """sd_notify(3) for a ``Type=notify`` unit (examples/streamcorr.service), without libsystemd: ``ready()`` once
+    running, ``stopping()`` at shutdown, ``extend_start(s)`` while a first start measures its calibration, and
+    ``watchdog()``, a task that pings from the event loop every half ``WatchdogSec`` so that systemd restarts a
+    daemon whose loop stalls. Outside such a unit (no ``NOTIFY_SOCKET``) every call does nothing."""
+
+    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+        addr = environ.get("NOTIFY_SOCKET", "")
+        self.addr = "\0" + addr[1:] if addr.startswith("@") else addr  # "@name": the abstract namespace
+        usec, pid = environ.get("WATCHDOG_USEC", ""), environ.get("WATCHDOG_PID", "")
+        mine = not pid or pid == str(os.getpid())  # a child that inherited the variables must not ping
+        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 and mine else None
+        self._warned = False
+
+    def send(self, *fields: str) -> None:
+        if not self.addr:
+            return
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.connect(self.addr)
+                sock.sendall("\n".join(fields).encode())
+        except OSError as exc:
+            if not self._warned:  # systemd gone or the socket unreachable: the service runs on regardless
+                self._warned = True
+                log.warning("cannot notify systemd at NOTIFY_SOCKET=%s: %s", self.addr, exc.strerror or exc)
+
+    def ready(self, status: str) -> None:
+        self.send("READY=1", f"STATUS={status}")
+
+    def stopping(self) -> None:
+        self.send("STOPPING=1", "STATUS=shutting down")
+
+    def extend_start(self, s: float, status: str) -> None:
+        """Give a start that is making progress ``s`` more seconds beyond TimeoutStartSec."""
+        self.send(f"EXTEND_TIMEOUT_USEC={int(s * 1e6)}", f"STATUS={status}")
+
+    async def watchdog(self) -> None:
+        if self.watchdog_s is None:
+            return
+        while True:
+            self.send("WATCHDOG=1")
+            await asyncio.sleep(self.watchdog_s / 2)

@@ -1,16 +1,20 @@
 """A real `streamcorr run` process seen from outside: every loss in /metrics and the status counters, /healthz
-per part, HTTP bounds, exposure warnings, the last will's seq, Ctrl-C during the first start (issue 10,
-classes 7, 8, 9, 10, 12, 13, 16, 17)."""
+per part, /livez and /readyz for an orchestrator (the README's probes, the systemd unit and its notifications),
+HTTP bounds, exposure warnings, the last will's seq, Ctrl-C during the first start."""
 
 from __future__ import annotations
 
 import asyncio
+import configparser
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 
 from streamcorr.cli import main
@@ -71,9 +76,13 @@ def _get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _health(port: int) -> tuple[int, dict[str, Any]]:
-    code, text = _get(f"http://127.0.0.1:{port}/healthz")
+def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    code, text = _get(f"http://127.0.0.1:{port}{path}")
     return code, json.loads(text)
+
+
+def _health(port: int) -> tuple[int, dict[str, Any]]:
+    return _probe(port, "/healthz")
 
 
 def _wait(cond: Any, what: str, proc: Any, timeout_s: float = 120.0) -> Any:
@@ -279,6 +288,9 @@ def test_ctrl_c_during_the_first_start_is_clean_and_healthz_says_starting(tmp_pa
     with _daemon(tmp_path, cfg, env) as proc:
         code, body = _wait(lambda: _health(http_port), "/healthz during calibration", proc, 30)
         assert code == 503 and body["status"] == "starting"
+        assert _probe(http_port, "/livez")[0] == 200  # alive: an orchestrator must not restart a calibration
+        code, body = _probe(http_port, "/readyz")
+        assert code == 503 and body["status"] == "not ready" and body["problems"][0].startswith("starting")
         _wait(lambda: "null calibration" in proc.log_path.read_text(), "the progress line", proc, 30)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
@@ -311,7 +323,7 @@ def test_healthz_503s_when_input_flows_but_no_snapshot_comes(tmp_path):
                 t += 1 / RATE
                 code, body = _health(http_port)
                 if code == 503 and any("no snapshot" in problem for problem in body["problems"]):
-                    break  # (before the pusher connects, "source zmq0 not connected" is a problem too)
+                    break
                 assert time.monotonic() < deadline and proc.poll() is None, body
                 time.sleep(0.05)
         finally:
@@ -357,3 +369,115 @@ def test_standalone_web_view_closes_half_sent_requests():
 
     closed, code = asyncio.run(main())
     assert closed == b"" and code == 200
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _readme_probes() -> dict[str, Any]:
+    """The Kubernetes probes of the README's YAML block that holds a livenessProbe."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    probes = [yaml.safe_load(b) for b in blocks if "livenessProbe:" in b]
+    assert len(probes) == 1, "one probe block in the README"
+    return probes[0]
+
+
+def test_a_bound_zeromq_source_without_a_sender_is_live_ready_and_healthy(tmp_path):
+    """A daemon whose only source is a bound ZeroMQ PULL socket that no sender connects to answers /livez,
+    /readyz (each README probe path) and /healthz 200 within 60 s, with the source "listening"; under a
+    Type=notify unit it says READY=1, pings the watchdog, and says STOPPING=1 on SIGTERM."""
+    from streamcorr.config import Http
+
+    http_port = free_port()
+    src = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "mode": "pull", "bind": True}
+    sock_dir = tempfile.mkdtemp(prefix="sd-", dir="/tmp")  # an AF_UNIX path must stay under 108 bytes
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(f"{sock_dir}/notify")
+    notify.settimeout(0.2)
+    env = {"NOTIFY_SOCKET": f"{sock_dir}/notify", "WATCHDOG_USEC": "1000000"}
+    said: list[str] = []
+
+    def heard() -> list[str]:
+        with suppress(TimeoutError):
+            while True:
+                said.extend(notify.recv(4096).decode().splitlines())
+        return said
+
+    try:
+        with _daemon(tmp_path, _config([src], {}, http_port), env) as proc:
+            t0 = time.monotonic()
+            _wait(lambda: _probe(http_port, "/readyz")[0] == 200, "/readyz 200", proc, 60)
+            assert time.monotonic() - t0 < 60
+            code, live = _probe(http_port, "/livez")
+            assert code == 200 and live["status"] == "alive" and live["phase"] == "running"
+            code, ready = _probe(http_port, "/readyz")
+            assert ready == {"status": "ready", "problems": [], "sources": {"zmq0": "listening"}}
+            code, health = _health(http_port)
+            assert code == 200 and health["status"] == "ok" and health["sources"] == {"zmq0": "listening"}
+            probes = _readme_probes()
+            assert probes["livenessProbe"]["httpGet"]["path"] == "/livez"
+            assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            for probe in probes.values():
+                assert probe["httpGet"]["port"] == Http().port  # the default http.port
+                assert _probe(http_port, probe["httpGet"]["path"])[0] == 200
+            metrics = _get(f"http://127.0.0.1:{http_port}/metrics")[1]
+            assert _metric(metrics, "streamcorr_ready") == 1 and _metric(metrics, "streamcorr_up") == 1
+            _wait(lambda: heard().count("WATCHDOG=1") >= 2, "two watchdog pings", proc, 10)
+            assert "READY=1" in said
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            assert "STOPPING=1" in heard()
+    finally:
+        notify.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_an_mqtt_source_without_a_broker_is_live_but_not_ready(tmp_path):
+    """A daemon whose MQTT source points at a port where no broker listens answers /livez 200 and /readyz 503
+    with a JSON body naming the source, its key and the broker's address; once a broker starts there, /readyz
+    is 200."""
+    broker = PrivateBroker(tmp_path)  # its port, not yet started: nothing listens there
+    http_port = free_port()
+    src = {"type": "mqtt", "topics": ["in/#"], "port": broker.port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3}
+    try:
+        with _daemon(tmp_path, _config([src], {}, http_port)) as proc:
+            why = f"source mqtt0 (sources.0): no MQTT broker answers at 127.0.0.1:{broker.port}"
+
+            def named() -> Any:
+                code, body = _probe(http_port, "/readyz")
+                return body["problems"] and body["problems"][0].startswith(why) and (code, body)
+
+            code, ready = _wait(named, "503 naming the broker", proc, 60)
+            assert code == 503 and ready["status"] == "not ready" and ready["sources"] == {"mqtt0": "not connected"}
+            code, live = _probe(http_port, "/livez")
+            assert code == 200 and live["status"] == "alive"
+            assert _health(http_port)[0] == 503
+            broker.start()
+            _wait(lambda: _probe(http_port, "/readyz")[0] == 200, "ready once the broker answers", proc, 30)
+    finally:
+        broker.stop()
+
+
+def test_the_systemd_unit_is_valid_and_hardened():
+    """examples/streamcorr.service passes `systemd-analyze verify` (where systemd is installed) and runs
+    `streamcorr run /etc/streamcorr/config.yaml` as Type=notify with a dedicated user, a watchdog, restart on
+    failure and the sandbox settings the README promises."""
+    unit = REPO / "examples" / "streamcorr.service"
+    parser = configparser.ConfigParser(strict=False, interpolation=None, comment_prefixes=("#",))
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    parser.read_string(unit.read_text())
+    svc = parser["Service"]
+    assert svc["Type"] == "notify" and svc["ExecStart"] == "streamcorr run /etc/streamcorr/config.yaml"
+    assert svc["User"] == "streamcorr" and svc["Restart"] == "on-failure" and int(svc["WatchdogSec"]) > 0
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "PrivateDevices"):
+        assert svc[key] == "yes", key
+    assert svc["ProtectSystem"] == "strict" and svc["StateDirectory"] == svc["CacheDirectory"] == "streamcorr"
+    assert parser["Install"]["WantedBy"] == "multi-user.target"
+    analyze, exe = shutil.which("systemd-analyze"), shutil.which("streamcorr")
+    if analyze is None or exe is None:
+        pytest.skip("no systemd-analyze here: the unit was parsed, not verified")
+    with tempfile.TemporaryDirectory() as d:  # verify checks ExecStart exists: point it at this install
+        copy = Path(d) / "streamcorr.service"
+        copy.write_text(unit.read_text().replace("ExecStart=streamcorr", f"ExecStart={exe}"))
+        out = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and not out.stderr.strip(), out.stderr
