@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
-from .errors import StreamcorrError
+from .errors import ConfigError, StreamcorrError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -291,6 +291,12 @@ def _check(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     ec = EngineConfig.from_config(cfg)
+    if (rec := cfg.outputs.record) is not None:  # `run` would drop every file: say so now
+        from .publish.record import probe_writable
+
+        if (why := probe_writable(rec.directory)) is not None:
+            raise ConfigError(f"outputs.record.directory: cannot write to {rec.directory}: {why}; "
+                              "make it a directory the daemon's user can write to")  # fmt: skip
     print(f"{args.config}: OK")
     for line in exposed_listeners(cfg):
         print(f"  warning: listening beyond loopback: {line}")
@@ -299,7 +305,10 @@ def _check(args: argparse.Namespace) -> int:
         print(f"  source {s.type}: {where}")
     print(f"  window {ec.window_len} samples at {ec.rate_hz:g} Hz ({ec.window_len / ec.rate_hz:g} s), "
           f"hop {ec.hop_samples} samples; pairs: {cfg.pairs.mode}")  # fmt: skip
-    outs = [name for name in ("zmq", "mqtt") if getattr(cfg.outputs, name) is not None]
+    if (rec := cfg.outputs.record) is not None:
+        print(f"  record: {rec.directory} (writable), a new file every {rec.rotate_s:g} s, "
+              f"at most {rec.max_bytes:,} bytes")  # fmt: skip
+    outs = [name for name in ("zmq", "mqtt", "record") if getattr(cfg.outputs, name) is not None]
     http = f"{cfg.http.host}:{cfg.http.port}" if cfg.http.enabled else "off"
     web = ", web view" if cfg.http.web else ""
     print(f"  outputs: {', '.join(outs) or 'none'}; http (/metrics, /healthz{web}): {http}")
