@@ -5,13 +5,16 @@ Contract: the file needs nothing else to open (no script, style sheet, font or i
 inline and every figure is inline SVG, so it opens offline and from an e-mail attachment); every name from
 the log is HTML-escaped. It shows
 
-* the MI matrix at chosen instants (``at``: stream times; default four instants spread over the replay),
+* the MI matrix at chosen instants (``at``: stream times; default four instants spread over the replay), cells
+  the change detector did not find dependent hatched (not significant), n_eff in each cell's tooltip,
 * MI over time for the ``top`` strongest pairs (by their largest MI) and for every pair with events, with the
-  events marked on each line,
-* every event on one timeline and in a table (time, pair, change, previous -> current),
+  events marked on each line (hollow: ``initial``, dependent from the pair's first assessment) and a band
+  under the line where the pair was dependent; each caption gives its share of hops dependent and last n_eff,
+* every event on one timeline and in a table (time, pair, change, previous -> current, initial marked),
 * the model's lookup table of the pairs replay kept (``tables.json``: pairs with events, then the strongest).
 
-Reads ``timeline.parquet``, ``events.parquet``, ``replay.json`` and, when present, ``tables.json``.
+Reads ``timeline.parquet``, ``events.parquet``, ``replay.json`` and, when present, ``tables.json``. Output
+without the ``dependent`` / ``n_eff`` columns (written before they existed) is drawn without those marks.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ _STOPS = [
 _KIND_COLOR = {"became-dependent": "#c0392b", "became-independent": "#2471a3", "rise": "#e67e22", "fall": "#17a589"}
 _PAIR_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 MAX_MATRIX_CHANNELS = 48  # larger matrices show the channels of the drawn pairs only
+_COLUMNS = ("t_ns", "a", "b", "mi", "dependent", "n_eff")
+_OPTIONAL = {"dependent": "bool", "n_eff": "float32"}  # absent from older output: read as nulls
+_HATCH = "repeating-linear-gradient(135deg, {c} 0 3px, #ffffff 3px 5px)"  # a not-significant cell
 
 
 def _color(x: float, vmax: float) -> str:
@@ -70,15 +76,30 @@ def _load(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dic
     if not timeline:
         raise InputError(f"{outdir} has no timeline.parquet (nor timeline-*.parquet): give a directory written by "
                          "'streamcorr replay' or outputs.record")  # fmt: skip
+    import pyarrow.compute as pc
+
+    def read_timeline(path: Path) -> Any:
+        have = set(pq.read_schema(path).names)
+        tab = pq.read_table(path, columns=[c for c in _COLUMNS if c in have])
+        for name, kind in _OPTIONAL.items():
+            if name not in have:
+                tab = tab.append_column(name, pa.nulls(tab.num_rows, pa.type_for_alias(kind)))
+        return tab.select(list(_COLUMNS))
+
     try:
         info = json.loads((outdir / "replay.json").read_text()) if (outdir / "replay.json").is_file() else {}
-        cols4 = ["t_ns", "a", "b", "mi"]
-        tab = pa.concat_tables([pq.read_table(p, columns=cols4) for p in timeline])
+        tab = pa.concat_tables([read_timeline(p) for p in timeline])
         events = [e for p in event_files for e in pq.read_table(p).to_pylist()]
         tables = json.loads((outdir / "tables.json").read_text()) if (outdir / "tables.json").is_file() else {}
     except Exception as exc:  # a damaged or foreign file: one message
         raise InputError(f"cannot read the replay output in {outdir}: {str(exc).splitlines()[0][:300]}") from None
     cols = {n: tab.column(n).to_numpy(zero_copy_only=False) for n in ("t_ns", "a", "b", "mi")}
+    dependent = tab.column("dependent")
+    known = pc.is_valid(dependent).to_numpy(zero_copy_only=False)
+    verdict = pc.fill_null(dependent, False).to_numpy(zero_copy_only=False)
+    # 1 dependent, 0 not significant, -1 not known (older output, or a snapshot without the verdict)
+    cols["dependent"] = np.where(known, verdict, -1).astype(np.int8)
+    cols["n_eff"] = pc.fill_null(tab.column("n_eff").cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     if len(cols["t_ns"]) == 0:
         raise InputError(f"{outdir}/timeline.parquet has no rows: the replay evaluated no hop")
     return info, cols, events, tables
@@ -89,6 +110,8 @@ def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[
     d = Path(outdir)
     info, cols, events, tables = _load(d)
     t_ns, a, b, mi = cols["t_ns"], cols["a"].astype(str), cols["b"].astype(str), cols["mi"].astype(float)
+    dep, n_eff = cols["dependent"], cols["n_eff"]
+    judged = bool((dep >= 0).any())  # False for output written without the detector's verdict
     hops = np.unique(t_ns)
     t0 = float(info.get("t_start", hops[0] / 1e9))
     key = np.char.add(np.char.add(a, "\x1f"), b)
@@ -109,17 +132,20 @@ def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[
     parts = [_header(info, d, len(hops), len(events), len(pairs))]
     parts.append("<h2>Matrix at chosen instants</h2><div class='row'>")
     for tk in instants:
-        parts.append(_matrix_html(tk, t_ns, a, b, mi, channels, vmax, t0))
-    parts.append("</div>" + _legend(vmax))
+        parts.append(_matrix_html(tk, t_ns, a, b, mi, dep, n_eff, channels, vmax, t0))
+    parts.append("</div>" + _legend(vmax, judged))
     parts.append(f"<h2>MI over time</h2><p class='note'>The {len(strongest)} strongest pairs (largest MI in the "
                  f"replay) and every pair with events ({len(event_pairs)}); event markers: "
                  + " ".join(f"<span style='color:{c}'>&#9679; {k}</span>" for k, c in _KIND_COLOR.items())
+                 + "; hollow: initial (dependent from the pair's first assessment, not an onset)"
+                 + ("; the band under a line: hops where the pair was dependent" if judged else "")
                  + "</p>")  # fmt: skip
     order = np.argsort(t_ns, kind="stable")
     for n, p in enumerate(drawn):
         rows = order[inverse[order] == int(np.searchsorted(pairs, p))]
         pe = [e for e in events if f"{e['a']}\x1f{e['b']}" == p]
-        parts.append(_line_svg(p, t_ns[rows], mi[rows], pe, hops, t0, vmax, _PAIR_COLORS[n % len(_PAIR_COLORS)]))
+        color = _PAIR_COLORS[n % len(_PAIR_COLORS)]
+        parts.append(_line_svg(p, t_ns[rows], mi[rows], dep[rows], n_eff[rows], pe, hops, t0, color))
     parts.append(f"<h2>Events ({len(events)})</h2>")
     parts.append(_event_strip(events, hops, t0))
     parts.append(_event_table(events, t0))
@@ -175,31 +201,41 @@ def _header(info: dict[str, Any], d: Path, n_hops: int, n_events: int, n_pairs: 
 
 
 def _matrix_html(
-    tk: int, t_ns: np.ndarray, a: np.ndarray, b: np.ndarray, mi: np.ndarray, channels: list[str], vmax: float,
-    t0: float,
+    tk: int, t_ns: np.ndarray, a: np.ndarray, b: np.ndarray, mi: np.ndarray, dep: np.ndarray, n_eff: np.ndarray,
+    channels: list[str], vmax: float, t0: float,
 ) -> str:  # fmt: skip
     idx = {c: k for k, c in enumerate(channels)}
-    m = np.full((len(channels), len(channels)), np.nan)
+    n = len(channels)
+    m, ne, d = np.full((n, n), np.nan), np.full((n, n), np.nan), np.full((n, n), -1, dtype=np.int8)
     for k in np.flatnonzero(t_ns == tk):
         i, j = idx.get(str(a[k])), idx.get(str(b[k]))
         if i is not None and j is not None:
             m[i, j] = m[j, i] = mi[k]
+            ne[i, j] = ne[j, i] = n_eff[k]
+            d[i, j] = d[j, i] = dep[k]
     head = "".join(f"<th class='v'><div>{_esc(c)}</div></th>" for c in channels)
     body = []
     for i, c in enumerate(channels):
         cells = []
         for j, c2 in enumerate(channels):
-            v = m[i, j]
-            tip = _esc(f"{c} ~ {c2}: " + ("-" if not np.isfinite(v) else f"{v:.3f} nats"))
-            cells.append(f"<td style='background:{_color(v, vmax)}' title='{tip}'></td>")
+            v, color = m[i, j], _color(m[i, j], vmax)
+            tip = f"{c} ~ {c2}: " + ("-" if not np.isfinite(v) else f"{v:.3f} nats")
+            tip += {1: "; dependent", 0: "; not significant"}.get(int(d[i, j]), "")
+            tip += f"; n_eff {ne[i, j]:.0f}" if np.isfinite(ne[i, j]) else ""
+            ns = np.isfinite(v) and d[i, j] == 0
+            attrs = f"style='background:{_HATCH.format(c=color)}' class='ns'" if ns else f"style='background:{color}'"
+            cells.append(f"<td {attrs} title='{_esc(tip)}'></td>")
         body.append(f"<tr><th class='h'>{_esc(c)}</th>{''.join(cells)}</tr>")
     return (f"<figure class='matrix'><figcaption>t = {tk / 1e9 - t0:.1f} s</figcaption><table class='mat'>"
             f"<tr><th></th>{head}</tr>{''.join(body)}</table></figure>")  # fmt: skip
 
 
-def _legend(vmax: float) -> str:
+def _legend(vmax: float, judged: bool) -> str:
     stops = "".join(f"<span style='background:{_color(vmax * k / 10, vmax)}'></span>" for k in range(11))
-    return f"<div class='legend'>0 {stops} {vmax:.2f} nats (grey: not evaluated)</div>"
+    hatch = (f"; <span class='ns' style='background:{_HATCH.format(c=_color(vmax / 2, vmax))}'></span> hatched: "
+             "not significant (the change detector did not find the pair dependent; n_eff, the effective sample "
+             "size, in each cell's tooltip)") if judged else ""  # fmt: skip
+    return f"<div class='legend'>0 {stops} {vmax:.2f} nats (grey: not evaluated){hatch}</div>"
 
 
 _W, _H, _PAD_L, _PAD_B = 900, 110, 48, 18
@@ -211,8 +247,8 @@ def _x(t_ns: float, hops: np.ndarray) -> float:
 
 
 def _line_svg(
-    pair: str, t: np.ndarray, mi: np.ndarray, events: list[dict[str, Any]], hops: np.ndarray, t0: float,
-    vmax: float, color: str,
+    pair: str, t: np.ndarray, mi: np.ndarray, dep: np.ndarray, n_eff: np.ndarray, events: list[dict[str, Any]],
+    hops: np.ndarray, t0: float, color: str,
 ) -> str:  # fmt: skip
     a, b = pair.split("\x1f")
     top = max(float(np.nanmax(mi)) if np.isfinite(mi).any() else 0.0, 0.2) * 1.1
@@ -233,23 +269,49 @@ def _line_svg(
                     for s in segs)  # fmt: skip
     marks = "".join(
         f"<circle cx='{_x(e['t_ns'], hops):.1f}' cy='{y(e['current']):.1f}' r='4' "
-        f"fill='{_KIND_COLOR.get(e['change'], '#000')}'><title>{_esc(_event_text(e, t0))}</title></circle>"
+        + (f"fill='#fff' stroke='{c}' stroke-width='2' class='initial'" if e.get("initial") else f"fill='{c}'")
+        + f"><title>{_esc(_event_text(e, t0))}</title></circle>"
         for e in events
+        for c in [_KIND_COLOR.get(e["change"], "#000")]
     )
+    band = _dependent_band(t, dep, hops, color)
     axis = (f"<line x1='{_PAD_L}' y1='{_H - _PAD_B}' x2='{_W - 10}' y2='{_H - _PAD_B}' stroke='#999'/>"
             f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
             f"<text x='{_PAD_L - 4}' y='{y(top / 1.1) + 4:.0f}' text-anchor='end'>{top / 1.1:.2f}</text>"
             f"<text x='{_PAD_L}' y='{_H - 4}'>{hops[0] / 1e9 - t0:.0f} s</text>"
             f"<text x='{_W - 10}' y='{_H - 4}' text-anchor='end'>{hops[-1] / 1e9 - t0:.0f} s</text>")  # fmt: skip
     name = _esc(f"{a} ~ {b}")
+    known = dep >= 0
+    sig = ""
+    if known.any():  # the share of judged hops, and n_eff at the last hop that had one
+        sig = f", dependent in {100 * float(np.mean(dep[known] == 1)):.0f}% of hops"
+        last = n_eff[np.isfinite(n_eff)]
+        sig += f", n_eff {last[-1]:.0f}" if len(last) else ""
     return (f"<figure class='line'><figcaption style='color:{color}'>{name} <span class='note'>peak "
-            f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events</span>"
+            f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events{sig}</span>"
             f"</figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label='{name}'>"
-            f"{axis}{lines}{marks}</svg></figure>")  # fmt: skip
+            f"{axis}{band}{lines}{marks}</svg></figure>")  # fmt: skip
+
+
+def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str) -> str:
+    """Rectangles along the axis over the runs of hops where the pair was dependent."""
+    out, k = [], 0
+    while k < len(t):
+        if dep[k] != 1:
+            k += 1
+            continue
+        start = k
+        while k < len(t) and dep[k] == 1:
+            k += 1
+        x0, x1 = _x(float(t[start]), hops), _x(float(t[k - 1]), hops)
+        out.append(f"<rect class='dep' x='{x0:.1f}' y='{_H - _PAD_B - 4}' width='{max(x1 - x0, 2):.1f}' height='4' "
+                   f"fill='{color}' fill-opacity='0.35'><title>dependent</title></rect>")  # fmt: skip
+    return "".join(out)
 
 
 def _event_text(e: dict[str, Any], t0: float) -> str:
-    return f"{e['time'] - t0:.1f} s: {e['change']} {e['previous']:.3f} -> {e['current']:.3f}"
+    initial = " (initial)" if e.get("initial") else ""
+    return f"{e['time'] - t0:.1f} s: {e['change']}{initial} {e['previous']:.3f} -> {e['current']:.3f}"
 
 
 def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> str:
@@ -269,9 +331,12 @@ def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> s
 def _event_table(events: list[dict[str, Any]], t0: float) -> str:
     if not events:
         return "<p class='note'>No change events in this replay.</p>"
+    initial = " <span class='initial' title='dependent from the first assessment, not an onset'>(initial)</span>"
     rows = "".join(
         f"<tr><td>{e['time'] - t0:.1f}</td><td>{_esc(e['a'])} ~ {_esc(e['b'])}</td>"
-        f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}</td>"
+        f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}"
+        + (initial if e.get("initial") else "")
+        + "</td>"
         f"<td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td></tr>"
         for e in events
     )
@@ -322,6 +387,7 @@ table.mat th.v { height: 90px; vertical-align: bottom; font-size: 10px; font-wei
 table.mat th.v div { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
 figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
 .legend span { display: inline-block; width: 18px; height: 10px; } .legend { font-size: 12px; margin-top: 6px; }
+.initial { color: #666; font-size: 12px; }
 svg text { font-size: 11px; fill: #555; } figure.line { margin-bottom: 10px; }
 table.events { border-collapse: collapse; font-size: 13px; }
 table.events td, table.events th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: left; }

@@ -4,8 +4,10 @@ packages' own writers replay end to end; bad logs give one-line errors; Ctrl-C l
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +131,21 @@ def test_csv_replay_equals_a_live_daemon_fed_over_zeromq(tmp_path, capsys):
                 s.age_s,
                 s.coverage,
             )
+    # the detector's verdict and n_eff as the live daemon published them (float32 on the wire and on disk)
+    rows = {(r["t_ns"], r["a"], r["b"]): r for r in pq.read_table(out / "timeline.parquet").to_pylist()}
+    for s in snaps:
+        assert s.dependent is not None and s.n_eff is not None
+        for i, j in zip(*np.triu_indices(3, 1), strict=True):
+            row = rows[(s.t_ns, s.channels[i], s.channels[j])]
+            assert row["dependent"] == bool(s.dependent[i, j])
+            np.testing.assert_array_equal(np.float32(row["n_eff"]), np.float32(s.n_eff[i, j]))
     replayed = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    assert [(e["t_ns"], (e["a"], e["b"]), e["change"]) for e in replayed] == [(e.t_ns, e.pair, e.kind) for e in events]
+    assert [(e["t_ns"], (e["a"], e["b"]), e["change"], e["initial"]) for e in replayed] == [
+        (e.t_ns, e.pair, e.kind, e.initial) for e in events
+    ]
     assert ("a", "b") in {(e["a"], e["b"]) for e in replayed if e["change"] == "became-dependent"}
     ev_table = pq.read_table(out / "events.parquet")
-    assert ev_table.column_names[:7] == ["time", "t_ns", "a", "b", "change", "previous", "current"]
+    assert ev_table.column_names[:8] == ["time", "t_ns", "a", "b", "change", "previous", "current", "initial"]
     assert ev_table.num_rows == len(replayed)
     info = json.loads((out / "replay.json").read_text())
     assert info["hops"] == len(timeline) and not info["interrupted"]
@@ -246,6 +258,99 @@ def test_ros1_bag_replays_end_to_end(tmp_path):
     assert set(last) == {("accel.vector.x", "accel.vector.y"), ("accel.vector.x", "accel.vector.z"),
                          ("accel.vector.y", "accel.vector.z")}  # fmt: skip
     assert last[("accel.vector.x", "accel.vector.y")] > 0.5 > last[("accel.vector.x", "accel.vector.z")]
+
+
+def test_history_writes_the_verdict_n_eff_and_initial(tmp_path):
+    """The timeline has each pair's dependent (null where the snapshot does not know it) and n_eff (NaN:
+    none yet); events.parquet and events.jsonl carry initial."""
+    from streamcorr.changes import ChangeEvent
+    from streamcorr.matrix import MatrixState
+    from streamcorr.publish.history import TIMELINE_COLUMNS, HistoryWriter
+
+    rng = np.random.default_rng(31)
+    state = MatrixState(["x", "y", "z"])
+    i, j = np.array([0, 0, 1]), np.array([1, 2, 2])
+    state.update(i, j, rng.uniform(0, 1, 3), np.ones(3), 10**9)
+    n_eff = rng.uniform(20, 1000, 2)
+    state.set_significance(i[:2], j[:2], np.array([True, False]), n_eff)  # y ~ z assessed, not yet judged
+    judged = state.snapshot(10**9, 0)
+    unknown = dataclasses.replace(state.snapshot(2 * 10**9, 0), dependent=None, n_eff=None)  # an older source
+    events = [ChangeEvent(("x", "y"), 0.0, 0.8, 10**9, "became-dependent", initial=True),
+              ChangeEvent(("x", "z"), 0.0, 0.5, 2 * 10**9, "became-dependent")]  # fmt: skip
+    with HistoryWriter(tmp_path) as w:
+        w.add(judged, events[:1])
+        w.add(unknown, events[1:])
+    table = pq.read_table(tmp_path / "timeline.parquet")
+    assert tuple(table.column_names) == TIMELINE_COLUMNS
+    assert str(table.schema.field("dependent").type) == "bool" and str(table.schema.field("n_eff").type) == "float"
+    rows = {(r["t_ns"], r["a"], r["b"]): r for r in table.to_pylist()}
+    assert [rows[(10**9, a, b)]["dependent"] for a, b in (("x", "y"), ("x", "z"), ("y", "z"))] == [True, False, False]
+    np.testing.assert_allclose([rows[(10**9, "x", c)]["n_eff"] for c in "yz"], n_eff, rtol=1e-6)
+    assert np.isnan(rows[(10**9, "y", "z")]["n_eff"])
+    assert {rows[(2 * 10**9, a, b)]["dependent"] for a, b in (("x", "y"), ("y", "z"))} == {None}
+    lines = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["initial"] for e in lines] == [True, False]
+    assert pq.read_table(tmp_path / "events.parquet").column("initial").to_pylist() == [True, False]
+
+
+def _judged_history(outdir: Path, rng: np.random.Generator, hops: int = 6) -> None:
+    """A replay-shaped directory: x ~ y dependent from the start (an initial event), x ~ z never significant."""
+    from streamcorr.changes import ChangeEvent
+    from streamcorr.matrix import MatrixState
+    from streamcorr.publish.history import HistoryWriter
+
+    state = MatrixState(["x", "y", "z"])
+    i, j = np.array([0, 0, 1]), np.array([1, 2, 2])
+    with HistoryWriter(outdir) as w:
+        for k in range(hops):
+            t_ns = (k + 1) * 10**9
+            state.update(i, j, np.array([0.9, 0.05, 0.3]) + rng.uniform(0, 0.01, 3), np.ones(3), t_ns)
+            state.set_significance(i, j, np.array([True, False, k >= 3]), np.array([812.0, 640.0, 500.0]))
+            events = [ChangeEvent(("x", "y"), 0.0, 0.9, t_ns, "became-dependent", initial=True)] if k == 0 else []
+            if k == 3:
+                events.append(ChangeEvent(("y", "z"), 0.3, 0.3, t_ns, "became-dependent"))
+            w.add(state.snapshot(t_ns, 0), events)
+    info = {"channels": ["x", "y", "z"], "t_start": 0.0, "t_end": float(hops)}
+    (outdir / "replay.json").write_text(json.dumps(info))
+
+
+def test_report_hatches_cells_not_significant_and_marks_initial_events(tmp_path):
+    """The report hatches cells the detector did not find dependent (legend says so), gives n_eff in the cell
+    tooltips and each line's share of dependent hops, and marks an initial event as initial (hollow marker)."""
+    import html as html_mod
+
+    from streamcorr.report import write_report
+
+    _judged_history(tmp_path / "out", np.random.default_rng(32))
+    write_report(tmp_path / "out", tmp_path / "r.html", at=[6.0])
+    text = html_mod.unescape((tmp_path / "r.html").read_text())
+    assert "hatched: not significant" in text
+    assert len(re.findall(r"<td [^>]*class='ns'", text)) == 2  # x ~ z at the last hop, both halves of the matrix
+    assert "x ~ y: 0.9" in text and "; dependent; n_eff 812" in text and "x ~ z: 0.0" in text
+    assert "; not significant; n_eff 640" in text
+    assert "dependent in 100% of hops, n_eff 812" in text and "dependent in 0% of hops, n_eff 640" in text
+    assert "dependent in 50% of hops" in text  # y ~ z: from the fourth of six hops on
+    assert text.count("class='initial'") == 2  # the hollow marker on x ~ y's line and the table's tag
+    assert "became-dependent (initial)" in text
+    assert text.count("<rect class='dep'") == 2  # runs of dependent hops: x ~ y's and y ~ z's
+
+
+def test_report_of_output_without_the_verdict_draws_no_significance_marks(tmp_path):
+    """Replay output written without dependent / n_eff / initial (an older streamcorr) still reports, plainly."""
+    import pyarrow as pa
+
+    from streamcorr.report import write_report
+
+    out = tmp_path / "out"
+    _judged_history(out, np.random.default_rng(33))
+    timeline = pq.read_table(out / "timeline.parquet").drop_columns(["dependent", "n_eff"])
+    pq.write_table(timeline, out / "timeline.parquet")
+    events = pq.read_table(out / "events.parquet").drop_columns(["initial"])
+    pq.write_table(pa.table(events), out / "events.parquet")
+    write_report(out, tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text()
+    assert "hatched" not in text and "class='ns'" not in text and "n_eff" not in text
+    assert "(initial)" not in text and "class='initial'" not in text and "figure class='matrix'" in text
 
 
 def test_long_parquet_log_replays_like_the_wide_csv(tmp_path):

@@ -12,11 +12,14 @@ mi         float64   nats: the cell's value at this hop
 coverage   float32   fraction of the window where both channels had valid samples
 age_s      float32   seconds of stream time since the value was computed (0: this hop)
 source     string    ``network`` (InfoNet estimate) or ``screen`` (the screen's small-dependence figure)
+dependent  bool      the change detector's verdict at this hop; false: not significant; null: not known
+n_eff      float32   effective sample size of the pair's newest network window; NaN: none yet
 ========== ========= =================================================================
 
 Events (``events.parquet`` and ``events.jsonl``, one object per line with the same keys): ``time`` (float64 s),
 ``t_ns``, ``a``, ``b``, ``change`` (``became-dependent``, ``became-independent``, ``rise``, ``fall``),
-``previous`` and ``current`` (nats).
+``previous`` and ``current`` (nats), ``initial`` (bool: a ``became-dependent`` at the pair's first assessment,
+dependent from the start rather than an onset).
 
 Rows are written in row groups as hops arrive, and events line by line, so a stop part way (Ctrl-C) leaves
 both files readable with every hop done so far once :meth:`HistoryWriter.close` has run.
@@ -36,8 +39,8 @@ from ..matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, Snapshot
 
 __all__ = ["EVENT_COLUMNS", "TIMELINE_COLUMNS", "HistoryWriter"]
 
-TIMELINE_COLUMNS = ("time", "t_ns", "a", "b", "mi", "coverage", "age_s", "source")
-EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current")
+TIMELINE_COLUMNS = ("time", "t_ns", "a", "b", "mi", "coverage", "age_s", "source", "dependent", "n_eff")
+EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current", "initial")
 SOURCE_NAMES = {SOURCE_NETWORK: "network", SOURCE_SCREEN: "screen"}
 _ROWS_PER_GROUP = 1 << 17
 
@@ -63,6 +66,8 @@ def timeline_schema() -> Any:
             ("coverage", pa.float32()),
             ("age_s", pa.float32()),
             ("source", pa.string()),
+            ("dependent", pa.bool_()),
+            ("n_eff", pa.float32()),
         ]
     )
 
@@ -70,13 +75,14 @@ def timeline_schema() -> Any:
 def event_schema() -> Any:
     pa = _pa()
     fields = [("time", pa.float64()), ("t_ns", pa.int64()), ("a", pa.string()), ("b", pa.string())]
-    return pa.schema([*fields, ("change", pa.string()), ("previous", pa.float64()), ("current", pa.float64())])
+    levels = [("previous", pa.float64()), ("current", pa.float64()), ("initial", pa.bool_())]
+    return pa.schema([*fields, ("change", pa.string()), *levels])
 
 
 def event_row(ev: ChangeEvent) -> dict[str, Any]:
     a, b = ev.pair
     return {"time": ev.t_ns / 1e9, "t_ns": ev.t_ns, "a": a, "b": b, "change": ev.kind,
-            "previous": ev.previous, "current": ev.current}  # fmt: skip
+            "previous": ev.previous, "current": ev.current, "initial": bool(ev.initial)}  # fmt: skip
 
 
 def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndarray]:
@@ -90,6 +96,9 @@ def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndar
         order = np.argsort(-np.nan_to_num(snap.mi[i, j], nan=-np.inf), kind="stable")[:top_k]
         i, j = i[order], j[order]
     n = len(i)
+    # a snapshot made outside MatrixState may not know the verdict: null in the table, not False
+    dependent = np.full(n, None, dtype=object) if snap.dependent is None else snap.dependent[i, j].astype(bool)
+    n_eff = np.full(n, np.nan, dtype=np.float32) if snap.n_eff is None else snap.n_eff[i, j].astype(np.float32)
     return {
         "time": np.full(n, snap.t_ns / 1e9),
         "t_ns": np.full(n, snap.t_ns, dtype=np.int64),
@@ -99,6 +108,8 @@ def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndar
         "coverage": snap.coverage[i, j].astype(np.float32),
         "age_s": snap.age_s[i, j].astype(np.float32),
         "source": np.array([SOURCE_NAMES.get(int(s), "none") for s in src[i, j]], dtype=object),
+        "dependent": dependent,
+        "n_eff": n_eff,
     }
 
 
