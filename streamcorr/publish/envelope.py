@@ -35,15 +35,12 @@ A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 byte
 little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. The `source` matrix
 is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an optional key, so `v`
 stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
-screen this hop, not a network estimate. `dependent` (``"|u1"``, 0 or 1 per cell) and `n_eff` (a float
-matrix) are optional keys too, absent from older publishers: a cell with MI but ``dependent`` 0 is not
-significant (below the detector's threshold at its false-alarm rate). Both are left out, `n_eff` first, of a
-snapshot they would push past the envelope size limit: `n_eff` above about 1,900 channels, `dependent` only
-near 2,048 channels with names of thousands of bytes.
+screen this hop, not a network estimate. `dependent` (``"|u1"``, 0/1: a cell with MI and 0 is not significant)
+and `n_eff` are optional too, and left out (`n_eff` first) of a snapshot they would push past the size limit:
+`n_eff` above about 1,900 channels, `dependent` only near 2,048 channels with names of kilobytes.
 (``Snapshot.network_age_s``, the age of each pair's last network estimate, stays in-process: with it a
-2,048-channel snapshot would pass the limit.) An event's optional `initial` is true for a ``became-dependent``
-issued at the pair's first assessment. A `seq` lower than the last one seen means the publisher restarted.
-Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
+2,048-channel snapshot would pass the limit.) A `seq` lower than the last one seen means the publisher
+restarted. Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
 
 Decoding without streamcorr (Python here; any language with msgpack and a float32 view reads the same)::
 
@@ -51,12 +48,11 @@ Decoding without streamcorr (Python here; any language with msgpack and a float3
     m = msgpack.unpackb(payload, raw=False)
     assert m["v"] == 1, "unknown envelope version"
     if m["kind"] == "snapshot":
-        n = len(m["channels"])
         mi = np.frombuffer(m["mi"]["data"], dtype=m["mi"]["dtype"]).reshape(m["mi"]["shape"])
         for i, j, value in m.get("pairs", []):
             print(m["channels"][i], m["channels"][j], value)
         if "dependent" in m:  # optional: 0/1 per cell
-            dependent = np.frombuffer(m["dependent"]["data"], dtype=np.uint8).reshape(n, n).astype(bool)
+            dependent = np.frombuffer(m["dependent"]["data"], dtype=np.uint8).reshape(mi.shape).astype(bool)
     elif m["kind"] == "event":
         print(m["pair"], m["change"], m["previous"], "->", m["current"], m.get("initial", False))
 
@@ -72,10 +68,8 @@ Round trip with streamcorr:
 ...                     source=np.array([[0, 2], [2, 0]], dtype=np.uint8))
 >>> decode_message(encode_snapshot(screened)).body.source.tolist()  # 2: the screen's figure, not the network's
 [[0, 2], [2, 0]]
->>> judged = replace(snap, dependent=np.array([[False, True], [True, False]]),
-...                  n_eff=np.array([[np.nan, 812.5], [812.5, np.nan]]))
->>> out = decode_message(encode_snapshot(judged)).body
->>> out.dependent.tolist(), float(out.n_eff[0, 1]), snap.dependent is None
+>>> out = decode(encode_snapshot(replace(snap, dependent=np.eye(2) == 0, n_eff=np.full((2, 2), 812.5))))
+>>> out.dependent.tolist(), float(out.n_eff[0, 1]), snap.dependent is None  # None: not sent
 ([[False, True], [True, False]], 812.5, True)
 >>> ev = ChangeEvent(("a", "b"), 0.0, 0.4, 10**9, "became-dependent", initial=True)
 >>> decode(encode_event(ev, seq=1)).initial
@@ -98,23 +92,9 @@ from ..changes import ChangeEvent, EventKind
 from ..errors import ConfigError, InputError
 from ..matrix import Snapshot
 
-__all__ = [
-    "MAX_ENVELOPE_BYTES",
-    "STREAMS",
-    "VERSION",
-    "EnvelopeError",
-    "Message",
-    "Status",
-    "check_event",
-    "check_pair_selection",
-    "check_snapshot",
-    "decode",
-    "decode_message",
-    "encode_event",
-    "encode_snapshot",
-    "encode_status",
-    "topic",
-]
+__all__ = ["MAX_ENVELOPE_BYTES", "STREAMS", "VERSION", "EnvelopeError", "Message", "Status", "check_event",
+           "check_pair_selection", "check_snapshot", "decode", "decode_message", "encode_event", "encode_snapshot",
+           "encode_status", "topic"]  # fmt: skip
 
 VERSION = 1
 MAX_ENVELOPE_BYTES = 64 * 2**20  # larger payloads are refused unread (a 2,000-channel snapshot is ~48 MiB)
@@ -125,9 +105,10 @@ StatusState = Literal["online", "offline"]
 _MATRIX_DTYPE = "<f4"  # float32 keeps NaN and inf, halves the bytes; MI needs no more than ~7 digits
 _READ_DTYPES = ("<f4", "<f8")
 _BYTE_DTYPE = "|u1"  # the source and dependent matrices: one byte per cell
-_OPTIONAL_MATRICES = ("source", "dependent", "n_eff")  # absent from older publishers (source: without screening)
-_CELL_BYTES = {"mi": 4, "age_s": 4, "coverage": 4, "source": 1, "dependent": 1, "n_eff": 4}  # on the wire
-_IF_ROOM = ("dependent", "n_eff")  # sent when they fit under MAX_ENVELOPE_BYTES, in this order
+# the snapshot's matrices in the order sent, with their dtype on the wire; None in a Snapshot: not sent
+_WIRE = {"mi": _MATRIX_DTYPE, "age_s": _MATRIX_DTYPE, "coverage": _MATRIX_DTYPE, "source": _BYTE_DTYPE,
+         "dependent": _BYTE_DTYPE, "n_eff": _MATRIX_DTYPE}  # fmt: skip
+_IF_ROOM = ("dependent", "n_eff")  # sent only when they fit under MAX_ENVELOPE_BYTES, in this order
 _CHANGES = frozenset(get_args(EventKind))
 _UINT64_MAX = 2**64 - 1
 _SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
@@ -210,12 +191,12 @@ def _check_snapshot(snap: Snapshot) -> tuple[int, int]:
             names_bytes += len(name.encode("utf-8")) + 5  # msgpack str header: at most 5 bytes
         except UnicodeEncodeError as exc:
             raise InputError(f"snapshot channel name {name!r:.80} is not valid UTF-8: {exc.reason}") from None
-    sent = [k for k in _CELL_BYTES if k not in _IF_ROOM and getattr(snap, k) is not None]
-    size = sum(_CELL_BYTES[k] for k in sent) * n * n + names_bytes + _SNAPSHOT_OVERHEAD
+    sent = [k for k in _WIRE if k not in _IF_ROOM and getattr(snap, k) is not None]
+    size = sum(np.dtype(_WIRE[k]).itemsize for k in sent) * n * n + names_bytes + _SNAPSHOT_OVERHEAD
     if size > MAX_ENVELOPE_BYTES:
         msg = f"a snapshot of {n} channels ({names_bytes} bytes of names) would exceed {MAX_ENVELOPE_BYTES} bytes"
         raise InputError(msg + "; lower channels.max_channels or channels.max_name_bytes")
-    for name in ("mi", "age_s", "coverage", *_OPTIONAL_MATRICES):
+    for name in _WIRE:
         if getattr(snap, name) is None:  # only the optional matrices may be None
             continue
         shape = np.shape(getattr(snap, name))
@@ -262,21 +243,12 @@ def encode_snapshot(
         "channels": [str(c) for c in snap.channels],
     }
     mi32 = np.asarray(snap.mi, dtype=np.float32)
-    if not pairs_only:
-        msg["mi"] = _matrix(mi32, n)
-        msg["age_s"] = _matrix(snap.age_s, n)
-        msg["coverage"] = _matrix(snap.coverage, n)
-        if snap.source is not None:
-            msg["source"] = _matrix(snap.source, n, _BYTE_DTYPE)
-        for key in _IF_ROOM:
-            value = getattr(snap, key)
-            if value is None or size + _CELL_BYTES[key] * n * n > MAX_ENVELOPE_BYTES:
-                continue
-            size += _CELL_BYTES[key] * n * n
-            if key == "dependent":
-                msg[key] = _matrix(np.asarray(value, dtype=bool), n, _BYTE_DTYPE)
-            else:
-                msg[key] = _matrix(value, n)
+    for key, dtype in () if pairs_only else _WIRE.items():
+        value, cell_bytes = getattr(snap, key), np.dtype(dtype).itemsize * n * n
+        if value is None or (key in _IF_ROOM and size + cell_bytes > MAX_ENVELOPE_BYTES):
+            continue
+        size += cell_bytes if key in _IF_ROOM else 0  # the others are in the size already
+        msg[key] = _matrix(mi32 if key == "mi" else value, n, dtype)  # a bool matrix goes as bytes 0 / 1
     if top_k is not None or threshold is not None:
         # ranked in float32, so that a pair and its matrix cell are the same number
         picked = replace(snap, mi=mi32).top_pairs(top_k, threshold)
