@@ -11,9 +11,16 @@ Policy for each channel's timestamps (nanoseconds, int64):
   memory per channel is fixed at construction.
 
 Alignment onto a common clock (``Resampler``): at each tick the channel's value
-is its newest sample at or before the tick (a sample up to 1 us after the tick
-counts as on it: float seconds cannot stamp a tick exactly), if that sample is
-at most ``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there.
+is its newest sample before the next half-tick (a sample stamped less than half
+a period after the tick counts as on it: offsets, jitter and float seconds do
+not move a device on the clock's rate off its ticks), if that sample is at most
+``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there.
+A tick is *fresh* for a channel when its sample was not already shown at the tick
+before: a channel slower than the clock, or one whose stamps wobble around the
+ticks, repeats samples. A row in which both channels of a pair repeat is a copy
+of an earlier row and carries no information; kept, such copies look like
+dependence (every repeated row is a point shared by both channels), so the
+engine leaves them out of that pair's window (``window.repeated_rows: drop``).
 """
 
 from __future__ import annotations
@@ -154,13 +161,21 @@ class RingBuffer:
     def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0) -> np.ndarray:
         """Value at each tick (ascending int64 ns): newest sample at or before it (or at most tolerance_ns after
         it), NaN if none or too old."""
+        return self.hold_fresh(ticks_ns, max_staleness_ns, tolerance_ns)[0]
+
+    def hold_fresh(
+        self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """sample_and_hold's values, and whether each tick shows a sample the tick before did not (fresh)."""
         t, v = self.contents()
         idx = np.searchsorted(t, ticks_ns + tolerance_ns, side="right") - 1
         out = np.full(ticks_ns.shape, np.nan)
         ok = idx >= 0
         ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
         out[ok] = v[idx[ok]]
-        return out
+        fresh = ok.copy()
+        fresh[1:] &= idx[1:] != idx[:-1]
+        return out, fresh
 
 
 class Resampler:
@@ -173,9 +188,9 @@ class Resampler:
             raise InputError(f"max_staleness_s must be >= 0; got {max_staleness_s}")
         self.period_ns = round(1e9 / rate_hz)
         self.max_staleness_ns = round(max_staleness_s * 1e9)
-        # float64 Unix seconds resolve ~0.24 us: a sample stamped "on" a tick may land just after it, and would
-        # otherwise be held for the next tick (a duplicated row, which looks like dependence between channels)
-        self.tolerance_ns = min(1_000, self.period_ns // 4)
+        # each sample belongs to its nearest tick: a device on the clock's rate whose stamps sit a little after the
+        # ticks (an offset, jitter, float seconds) must not wobble between two ticks, repeating and skipping rows
+        self.tolerance_ns = max(0, (self.period_ns - 1) // 2)
 
     def ticks(self, end_ns: int, n: int) -> np.ndarray:
         """The n clock ticks ending at the last tick at or before end_ns (ascending)."""
@@ -184,5 +199,12 @@ class Resampler:
 
     def window(self, buffers: list[RingBuffer], end_ns: int, n: int) -> np.ndarray:
         """(C, n) aligned values of each buffer over the n ticks ending at end_ns; NaN where invalid."""
+        return self.window_fresh(buffers, end_ns, n)[0]
+
+    def window_fresh(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(C, n) aligned values (NaN where invalid) and (C, n) fresh flags (see the module docstring)."""
         ticks = self.ticks(end_ns, n)
-        return np.stack([b.sample_and_hold(ticks, self.max_staleness_ns, self.tolerance_ns) for b in buffers])
+        held = [b.hold_fresh(ticks, self.max_staleness_ns, self.tolerance_ns) for b in buffers]
+        if not held:
+            return np.zeros((0, n)), np.zeros((0, n), dtype=bool)
+        return np.stack([h[0] for h in held]), np.stack([h[1] for h in held])

@@ -1,21 +1,23 @@
-"""Change events on MI cells, with hysteresis calibrated on the estimator's null distribution.
+"""Change events on MI cells, with hysteresis calibrated on the estimator's null at each pair's effective size.
 
-"Dependent" means: above the (1 - false_alarm_rate) quantile of the estimates the
-model gives on independent data at the configured window length (and above
-``min_effect`` nats, so that long windows do not flag negligible dependence), so
-a threshold is a false-alarm rate per evaluation rather than a guess. A
-dependent pair becomes independent again below the null's 90th percentile (the
-hysteresis band). A pair must stay on the new side for ``persist`` consecutive
-evaluations before its state flips; while dependent, moves larger than
-both ``delta`` nats and ``rel_delta`` of the current level (the estimator's spread
-grows with MI) and persist the same way are reported as rise / fall.
+"Dependent" means: above the (1 - alpha) quantile of the estimates the model gives on independent pairs
+of the same effective sample size (:mod:`streamcorr.significance`: a window of a smooth signal holds far
+fewer independent samples than ticks), and above ``min_effect`` nats, so that long windows do not flag
+negligible dependence. ``alpha`` is per pair and evaluation; the engine derives it from
+``changes.false_alarms_per_hour`` for the whole matrix (or takes ``changes.false_alarm_rate`` as given). A
+dependent pair becomes independent again below the null's 90th percentile at its effective size (a level
+an independent pair is below nine evaluations in ten). A pair must stay on the new side for ``persist``
+consecutive evaluations before its state flips; while dependent, moves larger than both ``delta`` nats and
+``rel_delta`` of the current level (the estimator's spread grows with MI) and persist the same way are
+reported as rise / fall.
+
+A pair that is dependent from its first assessment gets ``became-dependent`` with ``initial=True`` once
+``persist`` evaluations confirm it: the dependence was there when the pair was first seen, not an onset.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -26,7 +28,9 @@ from typing import Literal
 import numpy as np
 
 from .cache import cache_dir
+from .copula import Ties
 from .errors import ConfigError
+from .significance import NullTable
 
 log = logging.getLogger("streamcorr.changes")
 
@@ -48,46 +52,33 @@ class ChangeEvent:
     initial: bool = False
 
 
-@dataclass(frozen=True)
-class NullCalibration:
-    """Thresholds from MI estimates on independent windows of one length."""
-
-    window_len: int
-    dependent_above: float  # max((1 - false_alarm_rate) quantile, min_effect)
-    independent_below: float  # 90th percentile of the null: the hysteresis band's lower edge
-    null_std: float
-    false_alarm_rate: float
-
-    @classmethod
-    def measure(
-        cls,
-        estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
-        window_len: int,
-        false_alarm_rate: float = 1e-3,
-        min_effect: float = 0.1,
-        n_pairs: int | None = None,
-        seed: int = 0,
-    ) -> NullCalibration:
-        if not 0 < false_alarm_rate < MAX_FALSE_ALARM_RATE:
-            raise ConfigError(f"false_alarm_rate must be in (0, {MAX_FALSE_ALARM_RATE:g}); got {false_alarm_rate}")
-        n = n_pairs or null_windows(false_alarm_rate)
-        rng = np.random.default_rng(seed)
-        null = estimate_batch(rng.standard_normal((n, window_len)), rng.standard_normal((n, window_len)))
-        upper = max(float(np.quantile(null, 1 - false_alarm_rate)), min_effect)
-        return cls(window_len, upper, float(np.quantile(null, 0.9)), float(null.std()), false_alarm_rate)
-
-
 class ChangeDetector:
-    """Per-pair hysteresis state machine; feed it each evaluation, collect the events it returns."""
+    """Per-pair hysteresis state machine; feed it each evaluation, collect the events it returns.
+
+    >>> table = NullTable(256, (0.0, 5.55), (0.5, 0.005), (1.0, 0.02), (0.4, 0.02), null_std=0.02)
+    >>> det = ChangeDetector(table, alpha=1e-4, persist=1)
+    >>> det.update(("a", "b"), 0.9, 1, n_eff=256.0).kind, det.update(("a", "b"), 0.9, 2, n_eff=256.0)
+    ('became-dependent', None)
+    >>> det.update(("c", "d"), 0.9, 1, n_eff=3.0) is None  # as high, but smooth: within the null
+    True
+    """
 
     def __init__(
-        self, calibration: NullCalibration, delta: float | None = None, persist: int = 2, rel_delta: float = 0.25
+        self,
+        table: NullTable,
+        alpha: float = 1e-3,
+        min_effect: float = 0.1,
+        delta: float | None = None,
+        persist: int = 2,
+        rel_delta: float = 0.25,
     ) -> None:
         if persist < 1:
             raise ConfigError(f"persist must be >= 1 evaluation; got {persist}")
-        self.cal = calibration
+        self.table = table
+        self.alpha = alpha
+        self.min_effect = min_effect
         # default: a move must clear both a practical floor and the null noise by a wide margin
-        self.delta = max(0.1, 6 * calibration.null_std) if delta is None else delta
+        self.delta = max(0.1, 6 * table.null_std) if delta is None else delta
         if self.delta <= 0:
             raise ConfigError(f"delta must be > 0 nats; got {self.delta}")
         if not 0 <= rel_delta < 10:
@@ -97,6 +88,23 @@ class ChangeDetector:
         self._dependent: dict[tuple[str, str], bool] = {}
         self._level: dict[tuple[str, str], float] = {}
         self._streak: dict[tuple[str, str], tuple[str, int]] = {}
+        self._seen: dict[tuple[str, str], int] = {}  # evaluations of pairs still within their first `persist`
+
+    @property
+    def alpha(self) -> float:
+        """False-alarm rate per pair and evaluation."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        if not 0 < value < MAX_FALSE_ALARM_RATE:
+            raise ConfigError(f"false_alarm_rate must be in (0, {MAX_FALSE_ALARM_RATE:g}); got {value}")
+        self._alpha = float(value)
+
+    def thresholds(self, n_eff: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dependent_above, independent_below) in nats for pairs of these effective sample sizes."""
+        hi = self.table.dependent_above(n_eff, self._alpha, self.min_effect)
+        return hi, np.minimum(self.table.independent_below(n_eff), hi)
 
     def _confirm(self, pair: tuple[str, str], candidate: str) -> bool:
         kind, n = self._streak.get(pair, ("", 0))
@@ -107,36 +115,62 @@ class ChangeDetector:
             return True
         return False
 
-    def update(self, pair: tuple[str, str], mi: float, t_ns: int) -> ChangeEvent | None:
+    def update(self, pair: tuple[str, str], mi: float, t_ns: int, n_eff: float | None = None) -> ChangeEvent | None:
+        """One evaluation of a pair (n_eff: its effective sample size; None: every sample independent)."""
+        hi, lo = self.thresholds(np.array([self.table.window_len if n_eff is None else n_eff], dtype=float))
+        return self._step(pair, mi, t_ns, float(hi[0]), float(lo[0]))
+
+    def update_many(
+        self, pairs: list[tuple[str, str]], mi: np.ndarray, n_eff: np.ndarray, t_ns: int
+    ) -> list[ChangeEvent]:
+        """update() for many pairs of one hop, thresholds computed together."""
+        hi, lo = self.thresholds(np.asarray(n_eff, dtype=float))
+        events = []
+        for k, pair in enumerate(pairs):
+            ev = self._step(pair, float(mi[k]), t_ns, float(hi[k]), float(lo[k]))
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def _step(self, pair: tuple[str, str], mi: float, t_ns: int, hi: float, lo: float) -> ChangeEvent | None:
         if not np.isfinite(mi):
             return None
         dependent = self._dependent.get(pair)
-        if dependent is None:  # first evaluation sets the state silently
-            self._dependent[pair] = mi > self.cal.dependent_above
+        if dependent is None:  # first assessment: independent until evidence says otherwise, marked initial
+            self._dependent[pair] = dependent = False
             self._level[pair] = mi
-            return None
+            self._seen[pair] = 0
         prev = self._level[pair]
+        seen = self._seen.get(pair)
+        if seen is not None:
+            seen += 1
+            if seen >= self.persist:
+                del self._seen[pair]
+            else:
+                self._seen[pair] = seen
         candidate: EventKind | None = None
-        if not dependent and mi > self.cal.dependent_above:
+        if not dependent and mi > hi:
             candidate = "became-dependent"
-        elif dependent and mi < self.cal.independent_below:
+        elif dependent and mi < lo:
             candidate = "became-independent"
         elif dependent and abs(mi - prev) > max(self.delta, self.rel_delta * prev):
             candidate = "rise" if mi > prev else "fall"
         if candidate is None:
             self._streak.pop(pair, None)
+            if not dependent:
+                self._level[pair] = mi
             return None
         if not self._confirm(pair, candidate):
             return None
+        initial = candidate == "became-dependent" and seen is not None and seen <= self.persist
         if candidate in ("became-dependent", "became-independent"):
             self._dependent[pair] = candidate == "became-dependent"
         self._level[pair] = mi
-        return ChangeEvent(pair, prev, mi, t_ns, candidate)
+        return ChangeEvent(pair, prev, mi, t_ns, candidate, initial=initial)
 
     def prime(self, pair: tuple[str, str], level: float = 0.0) -> None:
         """Start a pair not yet evaluated as independent at `level` nats (e.g. it failed the dependence screen),
-        so that its first evaluation above the threshold counts towards became-dependent instead of setting
-        the state silently."""
+        so that its first evaluation above the threshold counts towards became-dependent as an onset."""
         if pair not in self._dependent:
             self._dependent[pair] = False
             self._level[pair] = level
@@ -145,54 +179,60 @@ class ChangeDetector:
         return self._dependent.get(pair)
 
 
-# Null calibrations shipped for the default false_alarm_rate and min_effect at windows 256, 512, 1024 and 2048
-# (shipped weights, CPU), so most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
+# Null tables shipped for the shipped weights at windows 256, 512, 1024 and 2048 (CPU, the weights' tie policy), so
+# most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
 SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
-_CALIBRATIONS: dict[tuple[str, int, float, float], NullCalibration] = {}
+FIRST_START_PAIRS = 3000  # independent pairs a first start at another window length measures
+_TABLES: dict[tuple[str, int], NullTable] = {}
 
 
-def calibration_file_name(fingerprint: str, window_len: int, false_alarm_rate: float, min_effect: float) -> str:
-    """The cache file of one calibration (in the user's cache and in SHIPPED_NULL_DIR)."""
-    return f"null-{fingerprint}-{window_len}-{false_alarm_rate:g}-{min_effect:g}.json"
+def calibration_file_name(fingerprint: str, window_len: int) -> str:
+    """The cache file of one null table (in the user's cache and in SHIPPED_NULL_DIR)."""
+    return f"nulltable-{fingerprint}-{window_len}.json"
 
 
 def cached_calibration(
     fingerprint: str,
     estimate_batch: Callable[[np.ndarray, np.ndarray], np.ndarray],
     window_len: int,
-    false_alarm_rate: float,
-    min_effect: float,
-) -> NullCalibration:
-    """Null calibration per weights (and device: ``fingerprint``) and setting: measured once (thousands of
-    windows), then cached in the process and on disk (streamcorr.cache), since it is deterministic."""
-    key = (fingerprint, window_len, false_alarm_rate, min_effect)
-    if key in _CALIBRATIONS:
-        return _CALIBRATIONS[key]
-    path = cache_dir() / calibration_file_name(fingerprint, window_len, false_alarm_rate, min_effect)
-    cal: NullCalibration | None = None
+    ties: Ties = "jitter",
+) -> NullTable:
+    """Null table per weights (and device: ``fingerprint``) and window length: measured once (thousands of
+    independent pairs), then cached in the process and on disk (streamcorr.cache), since it is deterministic."""
+    key = (fingerprint, window_len)
+    if key in _TABLES:
+        return _TABLES[key]
+    path = cache_dir() / calibration_file_name(fingerprint, window_len)
+    table: NullTable | None = None
     for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            cal = NullCalibration(**json.loads(known.read_text()))
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            table = NullTable.from_json(known.read_text())
             break
-    if cal is None:
-        cal = NullCalibration.measure(estimate_batch, window_len, false_alarm_rate, min_effect)
+    if table is None:
+        table = NullTable.measure(estimate_batch, window_len, n_pairs=FIRST_START_PAIRS, ties=ties)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(dataclasses.asdict(cal)))
+            tmp.write_text(table.to_json())
             tmp.replace(path)
         except OSError as exc:  # a read-only home only costs the next start the measurement again
-            log.info("could not cache the null calibration in %s: %s", path.parent, exc)
-    _CALIBRATIONS[key] = cal
-    return cal
+            log.info("could not cache the null table in %s: %s", path.parent, exc)
+    _TABLES[key] = table
+    return table
 
 
-def null_windows(false_alarm_rate: float) -> int:
-    """NullCalibration.measure's default sample size: about 10 null estimates beyond the quantile."""
-    return int(min(20_000, max(2_000, 10 / false_alarm_rate)))
+def is_cached(fingerprint: str, window_len: int) -> bool:
+    """Whether the null table for these weights and window is shipped or cached (no measurement on start)."""
+    name = calibration_file_name(fingerprint, window_len)
+    return (fingerprint, window_len) in _TABLES or (cache_dir() / name).is_file() or (SHIPPED_NULL_DIR / name).is_file()
 
 
-def calibration_eta_s(window_len: int, false_alarm_rate: float) -> float:
-    """Expected seconds of a first-start null calibration on a small CPU (the progress line says it)."""
-    # measured on a busy 2-core CPU: about 0.6 ms per window plus 4 us per window sample (512: 27 s, 1024: 48 s)
-    return (6e-4 + 4e-6 * window_len) * null_windows(false_alarm_rate)
+def null_windows() -> int:
+    """Independent pairs a first-start null table measures."""
+    return FIRST_START_PAIRS
+
+
+def calibration_eta_s(window_len: int) -> float:
+    """Expected seconds of a first-start null table on a small CPU (the progress line says it)."""
+    # measured on a 2-core CPU: about 1 ms per pair plus 10 us per window sample (generation, ACF, network)
+    return (1e-3 + 1e-5 * window_len) * FIRST_START_PAIRS

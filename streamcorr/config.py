@@ -153,6 +153,9 @@ class Window(_Strict):
     hop_s: float | None = Field(None, gt=0)
     min_coverage: float = Field(0.9, gt=0, le=1)
     skip_stale_hops: bool = True  # live: when compute falls behind, jump to the newest window; replay: false
+    # drop: rows where both channels of a pair repeat their previous sample are left out of that pair (copies
+    # of an earlier row look like dependence); keep: every tick counts
+    repeated_rows: Literal["drop", "keep"] = "drop"
 
     @model_validator(mode="after")
     def _one_hop(self) -> Window:
@@ -221,7 +224,14 @@ class Compute(_Strict):
 
 
 class Changes(_Strict):
-    false_alarm_rate: float = Field(1e-3, gt=0, lt=MAX_FALSE_ALARM_RATE)  # per pair and evaluation
+    # chance became-dependent events an hour over the whole matrix; the per-pair rate follows from the number of
+    # pairs, the hop and the window (streamcorr.significance.per_evaluation_rate)
+    false_alarms_per_hour: float = Field(1.0, gt=0, le=1e6)
+    # per pair and evaluation instead (overrides false_alarms_per_hour when set)
+    false_alarm_rate: float | None = Field(None, gt=0, lt=MAX_FALSE_ALARM_RATE)
+    # effective: the null at each pair's effective sample size (smooth signals); iid: as if every sample were
+    # independent (only for white-noise data)
+    significance: Literal["effective", "iid"] = "effective"
     min_effect: float = Field(0.1, ge=0)
     persist: int = Field(2, ge=1)
     delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))

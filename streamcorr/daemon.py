@@ -327,10 +327,11 @@ class Daemon:
                     )
                     log.info(
                         "first start with window.samples=%d: measuring the change detector's null calibration "
-                        "(the model on %s windows of independent noise, once per setting; about %s on this CPU, "
+                        "(the model on %s pairs of independent smooth and white signals, once per window length; "
+                        "about %s on this CPU, "
                         "then cached in %s); /healthz says \"starting\" meanwhile, Ctrl-C stops",
-                        ec.window_len, f"{null_windows(ec.false_alarm_rate):,}",
-                        _duration(calibration_eta_s(ec.window_len, ec.false_alarm_rate)), cache_dir_text(),
+                        ec.window_len, f"{null_windows():,}",
+                        _duration(calibration_eta_s(ec.window_len)), cache_dir_text(),
                     )  # fmt: skip
                 else:
                     log.info("still measuring the null calibration (%.0f s so far)", time.monotonic() - t0)

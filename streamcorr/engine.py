@@ -52,6 +52,7 @@ from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
 from .settings import EngineConfig
+from .significance import N_FEATURES, autocorrelation, estimate_own_rows, max_lag, pair_n_eff, per_evaluation_rate
 
 log = logging.getLogger("streamcorr.engine")
 
@@ -136,9 +137,11 @@ class Engine:
         self.intake = Intake(config, self.counters, on_due=self._wake.set)  # buffers, admission, stream clock
         self.resampler = self.intake.resampler
         self.calibration = cached_calibration(
-            self.est.fingerprint, self.est.estimate_batch, config.window_len, config.false_alarm_rate, config.min_effect
+            self.est.fingerprint, self.est.estimate_batch, config.window_len, self.est.ties
         )
-        self.detector = ChangeDetector(self.calibration, config.delta, config.persist, config.rel_delta)
+        self.detector = ChangeDetector(
+            self.calibration, self._alpha(1), config.min_effect, config.delta, config.persist, config.rel_delta
+        )
         self.screener = Screener(
             mode=config.screening,
             window_len=config.window_len,
@@ -160,6 +163,14 @@ class Engine:
         self._event_queues: list[asyncio.Queue[Any]] = []
         self.latest: Snapshot | None = None
         self._last_window: tuple[tuple[str, ...], np.ndarray] | None = None  # (names, (C, N)) of the newest hop
+
+    def _alpha(self, n_pairs: int) -> float:
+        """False-alarm rate per pair and evaluation: the configured one, or from false_alarms_per_hour."""
+        cfg = self.cfg
+        if cfg.false_alarm_rate is not None:
+            return cfg.false_alarm_rate
+        hop_s = cfg.hop_samples / cfg.rate_hz
+        return per_evaluation_rate(cfg.false_alarms_per_hour, n_pairs, hop_s, cfg.window_len / cfg.rate_hz, cfg.persist)
 
     # -- channels ---------------------------------------------------------------------------------
     @property
@@ -203,6 +214,7 @@ class Engine:
         n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order
         self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
         self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
+        self.detector.alpha = self._alpha(len(self._pairs))  # the matrix's false-alarm budget, shared by its pairs
         self._scheduler.min_effect = self.cfg.min_effect
         keep = [(k, old[tuple(p)]) for k, p in enumerate(self._pairs.tolist()) if tuple(p) in old]
         if keep:
@@ -243,8 +255,10 @@ class Engine:
         cnt = self.counters
         self._sync_channels()
         chans = [self.intake.channels[name] for name in self.state.channels]
-        window = self.resampler.window([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
+        window, fresh = self.resampler.window_fresh([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)
+        if self.cfg.repeated_rows == "keep":
+            fresh = valid
         self._last_window = (tuple(self.state.channels), window)
         t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
@@ -273,7 +287,12 @@ class Engine:
         ok = coverage >= self.cfg.min_coverage
         self.counters.pairs_low_coverage += int((~ok).sum())
         mi = np.full(len(pairs), np.nan)
+        n_eff = np.full(len(pairs), np.nan)
         full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & ok
+        repeats = (valid & ~fresh).any(axis=1)  # (C,): channels that repeat a sample somewhere in the window
+        for k in np.flatnonzero(full & repeats[i] & repeats[j]):  # rows both repeat: leave them out (buffers)
+            full[k] = bool((fresh[i[k]] | fresh[j[k]])[valid[i[k]] & valid[j[k]]].all())
+        t0 = cnt.add_time("align", t0)
         if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
             u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
             t_model = t0
@@ -282,27 +301,29 @@ class Engine:
             mi[full] = self.compute.estimate(u, i[full], j[full], constant)  # histograms + network: local or Ray
             t0 = cnt.add_time("model", t0)
             self.screener.observe_model(int(full.sum()), t0 - t_model)
-        partial = ok & ~full
-        for k in np.flatnonzero(partial):  # gaps: rank each pair over its jointly valid instants
-            both = valid[i[k]] & valid[j[k]]
-            mi[k] = self.est.estimate_batch(window[i[k], both][None], window[j[k], both][None])[0]
+            used = np.unique(np.concatenate([i[full], j[full]]))
+            acf = np.zeros((len(chans), N_FEATURES, max_lag(self.cfg.window_len) + 1))  # (C, F, K + 1)
+            acf[used] = autocorrelation(u[used])
+            n_eff[full] = pair_n_eff(acf[i[full]], acf[j[full]], self.cfg.window_len)
+            t0 = cnt.add_time("significance", t0)
+        cnt.pairs_low_coverage += estimate_own_rows(self.est, window, fresh, valid, i, j, ok & ~full, mi, n_eff)
         t0 = cnt.add_time("gapped_pairs", t0)
+        if self.cfg.significance == "iid":
+            n_eff = np.where(np.isfinite(n_eff), self.cfg.window_len, np.nan)
         done = ok & ~np.isnan(mi)  # NaN: the compute backend's tile came back too late; the cell keeps its age
         self._scheduler.mark_refreshed(pick[done], end_tick)
         self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
         self.counters.pairs_evaluated += int(done.sum())
         self.counters.hops += 1
         names = self.channels
-        events = []
         if was_screened is not None and screen_level is not None:  # the screen's verdict is the pair's prior state
             for k in np.flatnonzero(done & was_screened):
                 self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
-        for a, b, m in zip(i[done], j[done], mi[done], strict=True):
-            ev = self.detector.update((names[a], names[b]), float(m), end_tick)
-            if ev is not None:
-                events.append(ev)
-        held = [bool(self.detector.is_dependent((names[a], names[b]))) for a, b in zip(i[done], j[done], strict=True)]
-        self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], np.array(held, dtype=bool))
+        done_pairs = [(names[a], names[b]) for a, b in zip(i[done], j[done], strict=True)]
+        events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick)
+        held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)
+        self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], held)
+        self.state.set_significance(i[done], j[done], held, n_eff[done])
         snap = self.state.snapshot(end_tick, time.time_ns())
         cnt.add_time("publish", t0)
         return snap, events

@@ -138,7 +138,12 @@ def replay(
         "wall_s": round(wall_s, 3),
         "x_real_time": round(result.speed, 2),
         "interrupted": interrupted,
-        "calibration": dataclasses.asdict(engine.calibration),
+        "calibration": {
+            "window_len": engine.calibration.window_len,
+            "significance": ec.significance,
+            "false_alarm_rate_per_evaluation": engine.detector.alpha,
+            "false_alarms_per_hour": ec.false_alarms_per_hour if ec.false_alarm_rate is None else None,
+        },
         "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
         **(meta or {}),
     }

@@ -42,11 +42,14 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "window_len": (Window, "samples"),
     "min_coverage": (Window, "min_coverage"),
     "skip_stale_hops": (Window, "skip_stale_hops"),
+    "repeated_rows": (Window, "repeated_rows"),
     "max_pairs_per_hop": (Pairs, "max_per_hop"),
     "screening": (Screening, "mode"),
     "max_age_s": (Screening, "max_age_s"),
     "hop_budget": (Screening, "hop_budget"),
     "false_alarm_rate": (Changes, "false_alarm_rate"),
+    "false_alarms_per_hour": (Changes, "false_alarms_per_hour"),
+    "significance": (Changes, "significance"),
     "min_effect": (Changes, "min_effect"),
     "persist": (Changes, "persist"),
     "delta": (Changes, "delta"),
@@ -75,7 +78,10 @@ class EngineConfig:
     pairs: PairSelection = field(default_factory=PairSelection)
     max_pairs_per_hop: int | None = _default("max_pairs_per_hop")  # None: every selected pair each hop
     min_coverage: float = _default("min_coverage")  # pairs valid over less of the window are not evaluated
-    false_alarm_rate: float = _default("false_alarm_rate")  # per pair and evaluation, from the estimator's null
+    false_alarms_per_hour: float = _default("false_alarms_per_hour")  # chance became-dependent, whole matrix
+    false_alarm_rate: float | None = _default("false_alarm_rate")  # per pair and evaluation (overrides the above)
+    significance: str = _default("significance")  # "effective": null at each pair's effective sample size; "iid"
+    repeated_rows: str = _default("repeated_rows")  # "drop": rows both channels repeat leave the pair's window
     min_effect: float = _default("min_effect")  # nats: weaker dependence is not reported as "dependent"
     screening: str = _default("screening")  # "auto": screen when pairs exceed the hop's network budget; on; off
     max_age_s: float = _default("max_age_s")  # screening: a network estimate per pair at least this often

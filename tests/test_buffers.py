@@ -78,8 +78,8 @@ def test_resampler_aligns_channels_on_one_clock():
         b.push(k * 100_000_000 + 51_000_000, float(-k))  # 51 ms phase
     w = rs.window([a, b, silent], end_ns=19 * 100_000_000 + 60_000_000, n=5)
     assert w.shape == (3, 5)
-    np.testing.assert_array_equal(w[0], [14, 15, 16, 17, 18])  # the 3 ms-late sample of each tick misses it
-    np.testing.assert_array_equal(w[1], [-14, -15, -16, -17, -18])
+    np.testing.assert_array_equal(w[0], [15, 16, 17, 18, 19])  # 3 ms after its tick: still that tick's sample
+    np.testing.assert_array_equal(w[1], [-14, -15, -16, -17, -18])  # 51 ms: past the half-tick, the next tick's
     assert np.isnan(w[2]).all()
 
 
@@ -112,3 +112,30 @@ def test_unix_timestamps_on_the_clock_grid_give_each_tick_its_own_sample():
     res = Resampler(rate, max_staleness_s=0.005)
     window = res.window([buf], round(t_s[-1] * 1e9), 1024)[0]
     assert np.array_equal(window, values[-1024:])
+
+
+@pytest.mark.parametrize("offset_ns", [0, 1_000, 370_000, 4_900_000, -4_900_000])
+def test_a_device_on_the_clock_keeps_its_ticks_under_offset_and_jitter(offset_ns):
+    """Samples at the clock's rate, off the ticks by a constant offset and jitter under half a period, fill every
+    tick once: no repeated and no skipped sample."""
+    rng = np.random.default_rng(abs(offset_ns) + 7)
+    rs = Resampler(rate_hz=100.0, max_staleness_s=0.05)
+    buf = RingBuffer(512)
+    k = np.arange(400)
+    jitter = rng.uniform(-1, 1, k.size) * max(0, 4_999_000 - abs(offset_ns)) * 0.9
+    t = 1_732_700_000_000_000_000 + k * 10_000_000 + offset_ns + jitter.astype(np.int64)
+    buf.push_many(t, k.astype(float))
+    values, fresh = rs.window_fresh([buf], end_ns=1_732_700_000_000_000_000 + 399 * 10_000_000, n=300)
+    np.testing.assert_array_equal(values[0], k[100:].astype(float))
+    assert fresh.all()
+
+
+def test_fresh_marks_ticks_that_repeat_a_sample():
+    """A channel at a fifth of the clock's rate is fresh once every five ticks; a missing one is never fresh."""
+    rs = Resampler(rate_hz=100.0, max_staleness_s=0.06)
+    slow, gone = RingBuffer(64), RingBuffer(4)
+    for k in range(40):
+        slow.push(k * 50_000_000, float(k))  # 20 Hz
+    values, fresh = rs.window_fresh([slow, gone], end_ns=39 * 50_000_000, n=100)
+    assert fresh[0, 1:].sum() == 20 and (np.diff(values[0])[~fresh[0][1:]] == 0).all()  # the first row counts
+    assert not fresh[1].any()

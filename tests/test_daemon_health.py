@@ -296,7 +296,7 @@ def test_ctrl_c_during_the_first_start_is_clean_and_healthz_says_starting(tmp_pa
         assert proc.wait(timeout=30) == 0
         text = proc.log_path.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text and "terminate called" not in text
-    assert "windows of independent noise" in text and "Ctrl-C stops" in text
+    assert "pairs of independent smooth and white signals" in text and "Ctrl-C stops" in text
 
 
 def test_healthz_503s_when_input_flows_but_no_snapshot_comes(tmp_path):

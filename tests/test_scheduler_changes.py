@@ -1,10 +1,13 @@
+import math
+
 import numpy as np
 import pytest
 
-from streamcorr.changes import ChangeDetector, NullCalibration
+from streamcorr.changes import ChangeDetector
 from streamcorr.errors import ConfigError
 from streamcorr.matrix import MatrixState
 from streamcorr.scheduler import PairSelection, Scheduler
+from streamcorr.significance import NullTable
 
 CH = ["a", "b", "c", "d"]
 
@@ -33,14 +36,17 @@ def test_scheduler_refreshes_stalest_first_under_a_budget():
     assert set().union(*seen[:3]) == set(range(6))
 
 
-def _cal() -> NullCalibration:
-    return NullCalibration(window_len=512, dependent_above=0.05, independent_below=0.01, null_std=0.01,
-                           false_alarm_rate=0.01)  # fmt: skip
+def _cal() -> NullTable:
+    """A null flat in n_eff: 90th percentile 0.01 nats, tail scale 0.01 (so alpha = 0.1 e^-4 puts the bar at 0.05)."""
+    return NullTable(512, (0.0, 7.0), (0.0, 0.0), (0.01, 0.01), (0.01, 0.01), null_std=0.01)
+
+
+ALPHA = 0.1 * math.exp(-4)
 
 
 def test_change_detector_hysteresis_and_persistence():
     """State flips only after `persist` evaluations beyond the band; a one-off spike raises nothing."""
-    det = ChangeDetector(_cal(), delta=0.2, persist=2)
+    det = ChangeDetector(_cal(), ALPHA, min_effect=0.0, delta=0.2, persist=2)
     pair = ("a", "b")
     seq = [0.0, 0.2, 0.0, 0.3, 0.4, 0.03, 0.65, 0.7, 0.005, 0.004]  # 0.2 at t=1 and 0.03 at t=5 are one-offs
     events = [det.update(pair, v, t) for t, v in enumerate(seq)]
@@ -49,13 +55,25 @@ def test_change_detector_hysteresis_and_persistence():
     assert events[7].previous == 0.4 and events[7].current == 0.7
 
 
-def test_null_calibration_from_estimator():
-    """Calibration measures the estimator's null quantiles at the window length: ordered and small."""
-    from streamcorr import estimate_mi_batch
+def test_dependent_at_first_assessment_is_reported_as_initial():
+    """A pair above the bar from its first evaluation gets became-dependent marked initial; a later onset does not."""
+    det = ChangeDetector(_cal(), ALPHA, min_effect=0.0, persist=2)
+    first = [det.update(("a", "b"), 0.5, t) for t in range(3)]
+    assert first[0] is None and first[1] is not None and first[1].initial and first[1].kind == "became-dependent"
+    late = [det.update(("c", "d"), v, t) for t, v in enumerate([0.0, 0.0, 0.5, 0.5])]
+    assert late[3] is not None and late[3].kind == "became-dependent" and not late[3].initial
 
-    cal = NullCalibration.measure(estimate_mi_batch, window_len=256, false_alarm_rate=0.01, min_effect=0.0)
-    assert 0 <= cal.independent_below <= cal.dependent_above < 0.2
-    assert NullCalibration.measure(estimate_mi_batch, 256, 0.01, min_effect=0.5).dependent_above == 0.5
+
+def test_thresholds_follow_the_effective_sample_size():
+    """A smaller effective sample size raises both bars; a lower false-alarm rate raises the upper one."""
+    table = NullTable(256, (math.log(10), math.log(256)), (0.3, 0.003), (0.6, 0.02), (0.3, 0.02), null_std=0.02)
+    det = ChangeDetector(table, 1e-3, min_effect=0.0)
+    hi, lo = det.thresholds(np.array([10.0, 50.0, 256.0]))
+    assert hi[0] > hi[1] > hi[2] and lo[0] > lo[1] > lo[2] and (lo < hi).all()
+    det.alpha = 1e-6
+    assert (det.thresholds(np.array([50.0]))[0] > hi[1]).all()
+    with pytest.raises(ConfigError, match="false_alarm_rate"):
+        det.alpha = 0.5
 
 
 def test_matrix_state_snapshot_is_symmetric_and_tracks_age():

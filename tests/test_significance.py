@@ -1,0 +1,128 @@
+"""Effective sample sizes, the null table by n_eff, and alignment that creates no dependence."""
+
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from scipy.signal import lfilter
+
+from streamcorr.changes import ChangeDetector, cached_calibration
+from streamcorr.engine import Engine, EngineConfig
+from streamcorr.estimator import default_estimator
+from streamcorr.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
+
+T0 = 1_732_700_000.0  # a Unix time, so float seconds carry the rounding real logs have
+
+
+def _ar1(rng: np.random.Generator, phi: float, shape: tuple[int, int]) -> np.ndarray:
+    e = rng.standard_normal((shape[0], shape[1] + 2000))
+    return lfilter([1.0], [1.0, -phi], e, axis=1)[:, 2000:]
+
+
+def test_effective_size_falls_as_signals_get_smoother():
+    """White pairs keep nearly all their samples; AR(1) pairs keep fewer the closer phi is to 1."""
+    rng = np.random.default_rng(11)
+    medians = []
+    for phi in (0.0, 0.5, 0.9, 0.98):
+        x, y = _ar1(rng, phi, (200, 512)), _ar1(rng, phi, (200, 512))
+        medians.append(np.median(pair_n_eff(autocorrelation(rank_rows(x)), autocorrelation(rank_rows(y)), 512)))
+    assert medians[0] > 450 and all(a > b for a, b in pairwise(medians)) and medians[3] < 80
+
+
+def test_per_pair_rate_shrinks_with_the_matrix_and_the_hop_rate():
+    """More pairs or more frequent independent looks leave each pair a smaller share of the hourly budget."""
+    base = per_evaluation_rate(1.0, 100, hop_s=1.0, window_s=10.0)
+    assert per_evaluation_rate(1.0, 1000, 1.0, 10.0) == pytest.approx(base / 10)
+    assert per_evaluation_rate(1.0, 100, 1.0, 5.0) == pytest.approx(base / 2)
+    assert per_evaluation_rate(1.0, 100, 20.0, 10.0, persist=2) > per_evaluation_rate(1.0, 100, 20.0, 10.0)
+
+
+@pytest.mark.parametrize("phi", [0.9, 0.97, 0.995])
+def test_false_alarm_rate_holds_on_smooth_independent_pairs(phi):
+    """Independent AR(1) pairs exceed the detector's bar at most twice as often as the configured rate."""
+    est = default_estimator()
+    table = cached_calibration(est.fingerprint, est.estimate_batch, 256, est.ties)
+    alpha = 0.02
+    det = ChangeDetector(table, alpha, min_effect=0.0)
+    rng = np.random.default_rng(int(phi * 1000))
+    x, y = _ar1(rng, phi, (400, 256)), _ar1(rng, phi, (400, 256))
+    mi = est.estimate_batch(x, y)
+    n_eff = pair_n_eff(autocorrelation(rank_rows(x, est.ties)), autocorrelation(rank_rows(y, est.ties)), 256)
+    hi, _ = det.thresholds(n_eff)
+    assert (mi > hi).sum() <= 2 * alpha * len(mi), ((mi > hi).sum(), np.median(n_eff))
+
+
+def _replay(frames: dict[str, tuple[np.ndarray, np.ndarray]], **cfg: object) -> list:
+    """Snapshots of an engine fed per-channel (t seconds, values), evaluated hop by hop."""
+    names = list(frames)
+    eng = Engine(EngineConfig(**({"channels": names, "window_len": 256, "hop_samples": 64, "rate_hz": 100.0,
+                                  "skip_stale_hops": False, "max_future_s": None} | cfg)))  # fmt: skip
+    out = []
+    end = max(t[-1] for t, _ in frames.values())
+    for lo in np.arange(min(t[0] for t, _ in frames.values()), end + 1.0, 1.0):  # one second at a time, as a replay
+        for name, (t, v) in frames.items():
+            sel = (t >= lo) & (t < lo + 1.0)
+            eng.push(name, t[sel], v[sel])
+        out += [eng.evaluate(e) for e in eng.due_windows()]
+    return out
+
+
+@pytest.mark.parametrize("stamp", ["+1us", "+0.37ms", "jitter 0.3ms", "own jitter 0.3ms"])
+def test_stamps_off_the_clock_give_the_exact_grid_result(stamp):
+    """Independent channels at the clock's rate give the same MI on every hop whether stamped on the ticks or
+    off them by an offset or jitter (common or per channel)."""
+    rng = np.random.default_rng(len(stamp))
+    n = 1500
+    k = np.arange(n) / 100.0
+    vals = {c: rng.standard_normal(n) for c in "abc"}
+    exact = _replay({c: (T0 + k, v) for c, v in vals.items()})
+    common = rng.uniform(-3e-4, 3e-4, n)
+    shift = {"+1us": lambda c: 1e-6, "+0.37ms": lambda c: 3.7e-4, "jitter 0.3ms": lambda c: common,
+             "own jitter 0.3ms": lambda c: rng.uniform(-3e-4, 3e-4, n)}[stamp]  # fmt: skip
+    moved = _replay({c: (T0 + k + shift(c), v) for c, v in vals.items()})
+    assert len(exact) == len(moved) > 10
+    for (a, _), (b, _) in zip(exact, moved, strict=True):
+        np.testing.assert_array_equal(np.isnan(a.mi), np.isnan(b.mi))
+    pairs = [(a.mi, b.mi) for (a, _), (b, _) in zip(exact, moved, strict=True) if np.isfinite(a.mi).any()]
+    diffs = [np.nanmax(np.abs(a - b)) for a, b in pairs]
+    assert len(diffs) > 10 and np.quantile(diffs, 0.95) <= 0.02, diffs
+
+
+@pytest.mark.parametrize("periods", [(2, 2), (1, 2), (2, 5), (5, 5)])
+def test_channels_slower_than_the_clock_show_no_dependence(periods):
+    """Independent channels at 1/p of the clock's rate, sharing a device's stamps where their rates match, read
+    as independent as on the exact grid: repeated rows are left out of the pair."""
+    rng = np.random.default_rng(sum(periods))
+    n = 3000
+    frames = {}
+    for name, p in zip("ab", periods, strict=True):
+        t = T0 + np.arange(0, n, p) / 100.0
+        frames[name] = (t, rng.standard_normal(len(t)))
+    hops = _replay(frames)
+    mi = np.array([s.mi[0, 1] for s, _ in hops[2:]])
+    # the pair keeps 256 / min(p) rows: compare with the estimator's own null on that many independent samples
+    rows = 256 // min(periods)
+    null = default_estimator().estimate_batch(rng.standard_normal((200, rows)), rng.standard_normal((200, rows)))
+    assert np.nanmean(mi) < null.mean() + 0.03 and not any(s.dependent[0, 1] for s, _ in hops), (mi, null.mean())
+    kept = _replay(frames, repeated_rows="keep")  # the behaviour this replaces, where both repeat
+    if periods[0] == periods[1]:
+        assert np.nanmean([s.mi[0, 1] for s, _ in kept[2:]]) > 0.3
+
+
+def test_smooth_independent_channels_are_not_flagged_but_dependent_ones_are():
+    """Two independent smooth channels read well above zero yet stay independent; a channel and a noisy
+    function of it are dependent, from the first assessment (marked initial)."""
+    rng = np.random.default_rng(5)
+    n = 6000
+    t = T0 + np.arange(n) / 100.0
+    a, b = _ar1(rng, 0.98, (2, n))
+    w = rng.standard_normal(n)
+    c = np.abs(w) + 0.2 * rng.standard_normal(n)
+    hops = _replay({"a": (t, a), "b": (t, b), "c": (t, c), "w": (t, w)})
+    snap = hops[-1][0]
+    events = [e for _, evs in hops for e in evs]
+    assert np.nanmean([s.mi[0, 1] for s, _ in hops]) > 0.05  # the estimate itself is not touched
+    assert not snap.dependent[0, 1] and snap.dependent[2, 3] and snap.n_eff[0, 1] < 100
+    assert not any(set(e.pair) == {"a", "b"} for e in events)
+    onset = [e for e in events if set(e.pair) == {"c", "w"}]
+    assert onset and onset[0].kind == "became-dependent" and onset[0].initial
