@@ -99,7 +99,8 @@ def replay(frames: dict[str, Any], dependent: set[frozenset[str]], window: int, 
             hop_s.append(time.perf_counter() - t0)
             assert snap.dependent is not None
             i, j = np.triu_indices(len(snap.channels), 1)
-            truth = np.array([frozenset((snap.channels[a], snap.channels[b])) in dependent for a, b in zip(i, j)])
+            names_ij = zip(i.tolist(), j.tolist(), strict=True)
+            truth = np.array([frozenset((snap.channels[a], snap.channels[b])) in dependent for a, b in names_ij])
             flagged = snap.dependent[i, j]
             assessed = np.isfinite(snap.mi[i, j])
             if e / 1e9 > first:
