@@ -121,18 +121,33 @@ class ChangeDetector:
         return self._step(pair, mi, t_ns, float(hi[0]), float(lo[0]))
 
     def update_many(
-        self, pairs: list[tuple[str, str]], mi: np.ndarray, n_eff: np.ndarray, t_ns: int
+        self,
+        pairs: list[tuple[str, str]],
+        mi: np.ndarray,
+        n_eff: np.ndarray,
+        t_ns: int,
+        own: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> list[ChangeEvent]:
-        """update() for many pairs of one hop, thresholds computed together."""
-        hi, lo = self.thresholds(np.asarray(n_eff, dtype=float))
+        """update() for many pairs of one hop, thresholds computed together; ``own`` gives pairs' own
+        (dependent_above, independent_below) where finite (their surrogate nulls), the table's elsewhere."""
+        n_eff = np.asarray(n_eff, dtype=float)
+        hi, lo = self.thresholds(n_eff)
+        # a rise or fall must also clear the null's own spread at the pair's effective size (smooth pairs move more)
+        step = 2.0 * (self.table.independent_below(n_eff) - self.table.median_at(n_eff))
+        if own is not None:
+            has = np.isfinite(own[0])
+            hi = np.where(has, np.maximum(own[0], self.min_effect), hi)
+            lo = np.where(has, np.minimum(own[1], hi), lo)
         events = []
         for k, pair in enumerate(pairs):
-            ev = self._step(pair, float(mi[k]), t_ns, float(hi[k]), float(lo[k]))
+            ev = self._step(pair, float(mi[k]), t_ns, float(hi[k]), float(lo[k]), float(step[k]))
             if ev is not None:
                 events.append(ev)
         return events
 
-    def _step(self, pair: tuple[str, str], mi: float, t_ns: int, hi: float, lo: float) -> ChangeEvent | None:
+    def _step(
+        self, pair: tuple[str, str], mi: float, t_ns: int, hi: float, lo: float, step: float = 0.0
+    ) -> ChangeEvent | None:
         if not np.isfinite(mi):
             return None
         dependent = self._dependent.get(pair)
@@ -153,7 +168,7 @@ class ChangeDetector:
             candidate = "became-dependent"
         elif dependent and mi < lo:
             candidate = "became-independent"
-        elif dependent and abs(mi - prev) > max(self.delta, self.rel_delta * prev):
+        elif dependent and abs(mi - prev) > max(self.delta, self.rel_delta * prev, step):
             candidate = "rise" if mi > prev else "fall"
         if candidate is None:
             self._streak.pop(pair, None)

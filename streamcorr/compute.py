@@ -20,8 +20,9 @@ on Ray actors: :mod:`streamcorr.compute_ray`. Counters (``counters()``) are expo
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .estimator import Estimator
 
 log = logging.getLogger("streamcorr.compute")
 
-__all__ = ["COUNTER_HELP", "GAUGES", "LocalEvaluator", "PairEvaluator"]
+__all__ = ["COUNTER_HELP", "GAUGES", "EngineStopping", "LocalEvaluator", "PairEvaluator", "StoppableEstimator"]
 
 COUNTER_HELP = {
     "pairs": "Pairs handed to the compute backend",
@@ -52,6 +53,52 @@ COUNTER_HELP = {
     "cells_stale_last_hop": "Pair cells of the newest hop left stale",
 }
 GAUGES = frozenset({"workers", "workers_joining", "cells_stale_last_hop"})  # the others are counters
+
+
+_STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
+
+
+class EngineStopping(Exception):
+    """Raised inside a hop when ``Engine.stop`` asks it to end early."""
+
+
+class StoppableEstimator(Estimator):
+    """The engine's handle on its estimator: the same model and settings (a shallow copy of its state, so
+    each engine has its own stop flag), with model calls cut into chunks between which ``stop`` is honoured."""
+
+    def __init__(self, est: Estimator, stopping: threading.Event) -> None:  # no super().__init__: a view
+        vars(self).update(vars(est))
+        self._stopping = stopping
+
+    def _check(self) -> None:
+        if self._stopping.is_set():
+            raise EngineStopping("engine stopping")
+
+    def _run(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray, tables: bool = False) -> Any:
+        self._check()  # also between the high-MI refinement's passes
+        return super()._run(hist, mx, my, tables)
+
+    def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+        out = []
+        for k in range(0, len(hist), _STOP_CHUNK):
+            self._check()
+            sl = slice(k, k + _STOP_CHUNK)
+            out.append(super().estimate_histograms(hist[sl], mx[sl], my[sl]))
+        return np.concatenate(out) if out else super().estimate_histograms(hist, mx, my)
+
+    def estimate_batch(self, x: object, y: object) -> np.ndarray:
+        self._check()
+        return super().estimate_batch(x, y)
+
+    def estimate_ranks(
+        self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray | None = None
+    ) -> np.ndarray:
+        out = []
+        for k in range(0, len(iu), 2 * _STOP_CHUNK):
+            self._check()
+            sl = slice(k, k + 2 * _STOP_CHUNK)
+            out.append(super().estimate_ranks(u, iu[sl], iv[sl], constant))
+        return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
 
 
 class PairEvaluator(Protocol):

@@ -232,6 +232,8 @@ class Changes(_Strict):
     # effective: the null at each pair's effective sample size (smooth signals); iid: as if every sample were
     # independent (only for white-noise data)
     significance: Literal["effective", "iid"] = "effective"
+    # circularly shifted surrogates per smooth pair for its own null (streamcorr.significance); 0: the table only
+    surrogates: int = Field(20, ge=0, le=256)
     min_effect: float = Field(0.1, ge=0)
     persist: int = Field(2, ge=1)
     delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))

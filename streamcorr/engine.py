@@ -43,7 +43,7 @@ import numpy as np
 from .buffers import ChannelCounters
 from .cache import cache_dir
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
-from .compute import LocalEvaluator, PairEvaluator
+from .compute import LocalEvaluator, PairEvaluator, StoppableEstimator
 from .copula import SlidingRanks
 from .estimator import Estimator
 from .intake import Channel, EngineCounters, Intake
@@ -52,57 +52,19 @@ from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
 from .settings import EngineConfig
-from .significance import N_FEATURES, autocorrelation, estimate_own_rows, max_lag, pair_n_eff, per_evaluation_rate
+from .significance import (
+    N_FEATURES,
+    SurrogateNulls,
+    autocorrelation,
+    estimate_own_rows,
+    max_lag,
+    pair_n_eff,
+    per_evaluation_rate,
+)
 
 log = logging.getLogger("streamcorr.engine")
 
 __all__ = ["Engine", "EngineConfig", "EngineCounters"]
-
-
-_STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
-
-
-class EngineStopping(Exception):
-    """Raised inside a hop when ``Engine.stop`` asks it to end early."""
-
-
-class _StoppableEstimator(Estimator):
-    """The engine's handle on its estimator: the same model and settings (a shallow copy of its state, so
-    each engine has its own stop flag), with model calls cut into chunks between which ``stop`` is honoured."""
-
-    def __init__(self, est: Estimator, stopping: threading.Event) -> None:  # no super().__init__: a view
-        vars(self).update(vars(est))
-        self._stopping = stopping
-
-    def _check(self) -> None:
-        if self._stopping.is_set():
-            raise EngineStopping("engine stopping")
-
-    def _run(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray, tables: bool = False) -> Any:
-        self._check()  # also between the high-MI refinement's passes
-        return super()._run(hist, mx, my, tables)
-
-    def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
-        out = []
-        for k in range(0, len(hist), _STOP_CHUNK):
-            self._check()
-            sl = slice(k, k + _STOP_CHUNK)
-            out.append(super().estimate_histograms(hist[sl], mx[sl], my[sl]))
-        return np.concatenate(out) if out else super().estimate_histograms(hist, mx, my)
-
-    def estimate_batch(self, x: object, y: object) -> np.ndarray:
-        self._check()
-        return super().estimate_batch(x, y)
-
-    def estimate_ranks(
-        self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray | None = None
-    ) -> np.ndarray:
-        out = []
-        for k in range(0, len(iu), 2 * _STOP_CHUNK):
-            self._check()
-            sl = slice(k, k + 2 * _STOP_CHUNK)
-            out.append(super().estimate_ranks(u, iu[sl], iv[sl], constant))
-        return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
 
 
 class Engine:
@@ -127,7 +89,7 @@ class Engine:
     ) -> None:
         self.cfg = config
         self._stopping = threading.Event()
-        self.est: Estimator = _StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
+        self.est: Estimator = StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
         # the hop's network pairs go here (streamcorr.compute); its creator starts and closes one passed in
         self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est)
         self._log = RateLimitedLog(log)
@@ -152,6 +114,8 @@ class Engine:
             max_pairs_per_hop=config.max_pairs_per_hop,
             cache_dir=cache_dir(),
         )
+        # smooth pairs' own nulls, measured again once their window has been replaced
+        self.surrogates = SurrogateNulls(config.surrogates, config.window_len * self.resampler.period_ns)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
         self._scheduler = Scheduler(self._pairs, 1)
@@ -283,6 +247,7 @@ class Engine:
             pick = self._next_pairs()
         pairs = self._pairs[pick]
         i, j = pairs[:, 0], pairs[:, 1]
+        u = np.zeros((0, self.cfg.window_len))
         coverage = (valid[i] & valid[j]).mean(axis=1)
         ok = coverage >= self.cfg.min_coverage
         self.counters.pairs_low_coverage += int((~ok).sum())
@@ -320,13 +285,43 @@ class Engine:
             for k in np.flatnonzero(done & was_screened):
                 self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
         done_pairs = [(names[a], names[b]) for a, b in zip(i[done], j[done], strict=True)]
-        events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick)
+        own = self._own_nulls(u if full.any() else None, i[done], j[done], done_pairs, mi[done], n_eff[done],
+                              full[done], end_tick)  # fmt: skip
+        t0 = cnt.add_time("significance", t0)
+        events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick, own)
         held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)
         self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], held)
         self.state.set_significance(i[done], j[done], held, n_eff[done])
         snap = self.state.snapshot(end_tick, time.time_ns())
         cnt.add_time("publish", t0)
         return snap, events
+
+    def _own_nulls(
+        self,
+        u: np.ndarray | None,
+        i: np.ndarray,
+        j: np.ndarray,
+        pairs: list[tuple[str, str]],
+        mi: np.ndarray,
+        n_eff: np.ndarray,
+        shared: np.ndarray,
+        t_ns: int,
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Thresholds from the surrogate nulls of smooth pairs (n_eff below half the window) that are above the
+        table's median (below it nothing is dependent); None when the table decides every pair."""
+        sur = self.surrogates
+        if sur.n_surrogates == 0 or self.cfg.significance != "effective" or u is None or not len(pairs):
+            return None
+        smooth = shared & (n_eff < 0.5 * self.cfg.window_len) & (mi > self.calibration.median_at(n_eff))
+        if not smooth.any():
+            return None
+        due = np.flatnonzero(smooth & sur.due(pairs, t_ns))
+        due = due[np.argsort(-mi[due], kind="stable")][: sur.max_pairs]  # the strongest first
+        sur.measure(self.est.estimate_histograms, self.est.grid, u, i[due], j[due], [pairs[k] for k in due],
+                    n_eff[due], t_ns)  # fmt: skip
+        hi, lo = sur.thresholds(pairs, self.detector.alpha)
+        hi[~smooth] = lo[~smooth] = np.nan
+        return hi, lo
 
     def pair_table(self, a: str, b: str) -> np.ndarray | None:
         """The model's lookup table theta (G, G) for channels a and b on the newest window; None if unavailable."""

@@ -50,6 +50,7 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "false_alarm_rate": (Changes, "false_alarm_rate"),
     "false_alarms_per_hour": (Changes, "false_alarms_per_hour"),
     "significance": (Changes, "significance"),
+    "surrogates": (Changes, "surrogates"),
     "min_effect": (Changes, "min_effect"),
     "persist": (Changes, "persist"),
     "delta": (Changes, "delta"),
@@ -81,6 +82,7 @@ class EngineConfig:
     false_alarms_per_hour: float = _default("false_alarms_per_hour")  # chance became-dependent, whole matrix
     false_alarm_rate: float | None = _default("false_alarm_rate")  # per pair and evaluation (overrides the above)
     significance: str = _default("significance")  # "effective": null at each pair's effective sample size; "iid"
+    surrogates: int = _default("surrogates")  # shifted surrogates per smooth pair for its own null; 0: off
     repeated_rows: str = _default("repeated_rows")  # "drop": rows both channels repeat leave the pair's window
     min_effect: float = _default("min_effect")  # nats: weaker dependence is not reported as "dependent"
     screening: str = _default("screening")  # "auto": screen when pairs exceed the hop's network budget; on; off

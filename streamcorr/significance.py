@@ -44,13 +44,15 @@ from typing import Any
 
 import numpy as np
 from scipy.signal import lfilter
+from scipy.stats import chi2, gamma
 
-from .copula import Ties, rank_transform
+from .copula import Ties, marginal_histograms, pair_histograms, rank_transform
 from .errors import ConfigError
 
 __all__ = [
     "N_FEATURES",
     "NullTable",
+    "SurrogateNulls",
     "autocorrelation",
     "estimate_own_rows",
     "max_lag",
@@ -191,6 +193,10 @@ class NullTable:
         tail = max(0.0, math.log(0.1 / alpha))
         return np.maximum(self._at(self.q90, n_eff) + self._at(self.tail_scale, n_eff) * tail, min_effect)
 
+    def median_at(self, n_eff: np.ndarray) -> np.ndarray:
+        """The null's median at these effective sizes."""
+        return self._at(self.median, np.asarray(n_eff, dtype=np.float64))
+
     def independent_below(self, n_eff: np.ndarray) -> np.ndarray:
         """The null's 90th percentile at these effective sizes: an independent pair is below it 90% of the time."""
         return self._at(self.q90, np.asarray(n_eff, dtype=np.float64))
@@ -308,3 +314,79 @@ def null_processes(
             held[r] = True
         out[r] = x
     return out, held
+
+
+class SurrogateNulls:
+    """Per-pair nulls from circularly shifted surrogates, for pairs whose effective sample size is small.
+
+    The table's null at a small n_eff mixes every kind of smooth process and is wide; a pair's own null is
+    much narrower. Shifting one channel's window against the other circularly keeps both autocorrelations
+    and breaks the dependence, so the MI of ``n_surrogates`` shifts (evenly spaced over the window, the same
+    every time) is a sample of this pair's null. A gamma distribution matched to its mean and variance gives
+    the thresholds; the variance is raised to its 95% upper confidence bound with min(n_surrogates, n_eff / 2)
+    degrees of freedom, since neighbouring shifts of a smooth pair are not independent draws (measured:
+    independent AR(1) pairs, phi 0.9 to 0.995, window 1024, exceed the 0.02 bar in under 1% of windows).
+
+    A pair's surrogate null is measured again once its window has been replaced (``refresh_ns``), for at most
+    ``max_pairs`` pairs a hop (the strongest first); pairs without one keep the table's thresholds.
+    """
+
+    def __init__(self, n_surrogates: int, refresh_ns: int, max_pairs: int = 64) -> None:
+        self.n_surrogates = n_surrogates
+        self.refresh_ns = refresh_ns
+        self.max_pairs = max_pairs
+        self._nulls: dict[tuple[str, str], tuple[int, float, float, float]] = {}  # t_ns, mean, var, dof
+        self.measured = 0  # pairs whose surrogate null was measured (a counter)
+
+    def due(self, pairs: list[tuple[str, str]], t_ns: int) -> np.ndarray:
+        """Which pairs have no surrogate null, or one older than refresh_ns."""
+        return np.array([(p not in self._nulls) or (t_ns - self._nulls[p][0] >= self.refresh_ns) for p in pairs],
+                        dtype=bool)  # fmt: skip
+
+    def measure(
+        self,
+        estimate_histograms: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+        grid: int,
+        u: np.ndarray,
+        i: np.ndarray,
+        j: np.ndarray,
+        pairs: list[tuple[str, str]],
+        n_eff: np.ndarray,
+        t_ns: int,
+    ) -> None:
+        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T)."""
+        if not len(pairs):
+            return
+        s, t = self.n_surrogates, u.shape[1]
+        shifts = (t * np.arange(1, s + 1)) // (s + 1)
+        rows = np.arange(t)
+        shifted = u[j][:, None, (rows[None, :] - shifts[:, None]) % t].reshape(len(pairs) * s, t)  # (P*S, T)
+        both = np.concatenate([np.repeat(u[i], s, axis=0), shifted])
+        n = len(shifted)
+        idx = np.arange(n)
+        marg = marginal_histograms(both, grid)
+        mi = estimate_histograms(pair_histograms(both, both, grid, idx, idx + n), marg[:n], marg[n:]).reshape(-1, s)
+        mean, var = mi.mean(axis=1), mi.var(axis=1, ddof=1)
+        dof = np.clip(n_eff / 2, 2.0, s)  # a window of n_eff independent samples holds about n_eff / 2 distinct shifts
+        for k, pair in enumerate(pairs):
+            self._nulls[pair] = (t_ns, float(mean[k]), float(var[k]), float(dof[k]))
+        self.measured += len(pairs)
+
+    def thresholds(self, pairs: list[tuple[str, str]], alpha: float) -> tuple[np.ndarray, np.ndarray]:
+        """(dependent_above, independent_below) per pair from its surrogate null; NaN where it has none."""
+        hi, lo = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
+        for k, pair in enumerate(pairs):
+            null = self._nulls.get(pair)
+            if null is None:
+                continue
+            _, mean, var, dof = null
+            mean, var = max(mean, 1e-6), max(var, 1e-12)
+            var_hi = var * (dof - 1) / chi2.ppf(0.05, dof - 1)
+            hi[k] = gamma.isf(alpha, mean**2 / var_hi, scale=var_hi / mean)
+            lo[k] = gamma.isf(0.1, mean**2 / var, scale=var / mean)
+        return hi, lo
+
+    def forget(self, keep: set[tuple[str, str]]) -> None:
+        """Drop the nulls of pairs not in keep (channels retired or pairs no longer smooth)."""
+        for pair in [p for p in self._nulls if p not in keep]:
+            del self._nulls[pair]

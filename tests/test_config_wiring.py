@@ -54,7 +54,7 @@ def _config(tmp: Path) -> dict[str, Any]:
         "compute": {"backend": "ray", "address": "auto", "workers": 3, "device": "cuda", "cpus_per_worker": 0.5,
                     "tile_pairs": 100, "max_in_flight": 3, "hop_timeout_s": 2.0, "start_timeout_s": 30.0},
         "changes": {"false_alarm_rate": 0.01, "min_effect": 0.2, "persist": 3, "delta": 0.3, "rel_delta": 0.5,
-                    "false_alarms_per_hour": 3.0, "significance": "iid"},
+                    "false_alarms_per_hour": 3.0, "significance": "iid", "surrogates": 7},
         "outputs": {
             "zmq": {"endpoint": "tcp://127.0.0.1:15556", "bind": False, "snapshot_endpoint": "tcp://127.0.0.1:15557",
                     "prefix": "pz", "top_k": 4, "threshold": 0.3},
@@ -196,6 +196,7 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         "changes.false_alarm_rate": lambda p: p.engine.detector.alpha,
         "changes.false_alarms_per_hour": lambda p: p.engine.cfg.false_alarms_per_hour,  # overridden by the above
         "changes.significance": lambda p: p.engine.cfg.significance,
+        "changes.surrogates": lambda p: p.engine.surrogates.n_surrogates,
         "window.repeated_rows": lambda p: p.engine.cfg.repeated_rows,
         "changes.min_effect": lambda p: (p.engine.screener.min_effect, p.engine._scheduler.min_effect),
         "changes.persist": lambda p: p.engine.detector.persist,

@@ -9,7 +9,7 @@ from scipy.signal import lfilter
 from streamcorr.changes import ChangeDetector, cached_calibration
 from streamcorr.engine import Engine, EngineConfig
 from streamcorr.estimator import default_estimator
-from streamcorr.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
+from streamcorr.significance import SurrogateNulls, autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
 
 T0 = 1_732_700_000.0  # a Unix time, so float seconds carry the rounding real logs have
 
@@ -126,3 +126,42 @@ def test_smooth_independent_channels_are_not_flagged_but_dependent_ones_are():
     assert not any(set(e.pair) == {"a", "b"} for e in events)
     onset = [e for e in events if set(e.pair) == {"c", "w"}]
     assert onset and onset[0].kind == "became-dependent" and onset[0].initial
+
+
+@pytest.mark.parametrize("phi", [0.9, 0.995])
+def test_surrogate_nulls_hold_the_rate_and_find_smooth_dependence(phi):
+    """A smooth pair's own null (shifted surrogates) keeps independent AR(1) pairs under twice the rate, and
+    flags a smooth channel against a noisy function of it."""
+    est = default_estimator()
+    rng = np.random.default_rng(int(phi * 100))
+    x, y = _ar1(rng, phi, (120, 512)), _ar1(rng, phi, (120, 512))
+    dep = np.abs(x) + 0.5 * y
+    alpha = 0.02
+    for other, want in ((y, "few"), (dep, "most")):
+        u = rank_rows(np.concatenate([x, other]), est.ties)
+        i, j = np.arange(120), np.arange(120, 240)
+        n_eff = pair_n_eff(autocorrelation(u[i]), autocorrelation(u[j]), 512)
+        pairs = [(f"x{k}", f"y{k}") for k in range(120)]
+        sur = SurrogateNulls(20, refresh_ns=1)
+        sur.measure(est.estimate_histograms, est.grid, u, i, j, pairs, n_eff, t_ns=0)
+        hi, _ = sur.thresholds(pairs, alpha)
+        mi = est.estimate_ranks(u, i, j)
+        if want == "few":
+            assert (mi > hi).sum() <= 2 * alpha * len(mi), (mi > hi).sum()
+        else:
+            assert (mi > hi).mean() > 0.9, (mi > hi).mean()
+
+
+def test_a_smooth_dependent_pair_is_flagged_and_a_smooth_independent_one_is_not():
+    """With the defaults, a smooth channel and a noisy function of it become dependent; two independent smooth
+    channels at the same time constant do not."""
+    rng = np.random.default_rng(8)
+    n = 9000
+    t = T0 + np.arange(n) / 100.0
+    a, b = _ar1(rng, 0.98, (2, n))
+    c = np.abs(a) + 0.5 * b
+    d = _ar1(rng, 0.98, (1, n))[0]
+    hops = _replay({"a": (t, a), "c": (t, c), "d": (t, d)}, window_len=1024, hop_samples=100)
+    flagged = np.array([s.dependent[0, 1] for s, _ in hops[3:]])
+    assert flagged.mean() > 0.9
+    assert not any(s.dependent[0, 2] or s.dependent[1, 2] for s, _ in hops)

@@ -189,9 +189,9 @@ def test_shipped_null_calibrations_are_reproduced_and_stale_ones_removed(tmp_pat
     from streamcorr.changes import SHIPPED_NULL_DIR
     from training.null_calibrations import write_calibrations
 
-    stale = tmp_path / "null-0123456789abcdef-cpu-jitter-256-0.001-0.1.json"
+    stale = tmp_path / "nulltable-0123456789abcdef-cpu-jitter-256.json"
     stale.write_text("{}")
-    (path,) = write_calibrations(["infonet-v1"], [256], tmp_path)
+    (path,) = write_calibrations(["infonet-v1"], [256], tmp_path, n_pairs=6000)
     shipped = json.loads((SHIPPED_NULL_DIR / path.name).read_text())
     for key, value in json.loads(path.read_text()).items():
         assert value == pytest.approx(shipped[key], abs=1e-5), key
