@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({r['chance_events']}) | {r['dependent_flagged']:.1%} | {r['hop_s_median']:.3f} |\n"
         for r in rows
     )
-    info = {"args": vars(args), "rows": rows, "machine": environment()}
+    info = {"args": vars(args), "rows": rows, "env": environment()}
     if not args.quick:
         write_results("realistic", info, table)
     print(table)

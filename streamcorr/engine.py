@@ -154,6 +154,10 @@ class Engine:
         """Append samples (t in seconds) to one channel; returns how many were accepted."""
         return self.intake.push(channel, t, values)
 
+    def push_ns(self, channel: str, t_ns: np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples stamped in integer nanoseconds to one channel (exact stamps: logs, device clocks)."""
+        return self.intake.push_ns(channel, t_ns, values)
+
     def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
         """Append samples of several channels taken together at time(s) t (seconds); returns how many were
         accepted. t is a scalar with one value per channel, or (n,) with n values per channel."""

@@ -140,6 +140,16 @@ class Intake:
             return 0
         return self._push_ns(channel, t_ns, values)
 
+    def push_ns(self, channel: str, t_ns: np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples stamped in integer nanoseconds (int64) to one channel; returns how many were accepted."""
+        if channel not in self.channels and self._refused(channel, int(np.size(values)) or 1):
+            return 0
+        arr = np.atleast_1d(np.asarray(t_ns))
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            self.counters.bad_sample += int(np.size(values)) or 1
+            return 0
+        return self._push_ns(channel, arr.astype(np.int64), values)
+
     def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
         """Append samples of several channels taken together at time(s) t (seconds); returns how many were accepted.
 

@@ -60,7 +60,7 @@ def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:
     capacity = ec.buffer_len or 2 * (ec.window_len + 2 * ec.hop_samples)
     density = 1.0
     for s in rec.series.values():
-        if len(s.t) > 1:
+        if len(s.t_ns) > 1:
             dt = float(np.median(np.diff(s.t)))
             if dt > 0:
                 density = max(density, 1.0 / (dt * ec.rate_hz))
@@ -87,6 +87,8 @@ def replay(
     total = rec.n_samples
     t0, t_end = rec.t_start, rec.t_end
     n_chunks = max(1, math.floor((t_end - t0) / hop_s) + 1)
+    t0_ns = min(int(s.t_ns[0]) for s in rec.series.values())
+    hop_ns = ec.hop_samples * round(1e9 / ec.rate_hz)
     writer = HistoryWriter(outdir)
     pushed = 0
     interrupted = False
@@ -95,12 +97,12 @@ def replay(
     bar = _Progress(total, enabled=progress)
     try:
         for k in range(n_chunks):
-            until = t0 + (k + 1) * hop_s  # samples with t < until; the last chunk takes the rest
+            until_ns = t0_ns + (k + 1) * hop_ns  # samples before until; the last chunk takes the rest
             for name in names:
                 s, start = rec.series[name], cursor[name]
-                stop = len(s.t) if k == n_chunks - 1 else int(np.searchsorted(s.t, until, side="left"))
+                stop = len(s.t_ns) if k == n_chunks - 1 else int(np.searchsorted(s.t_ns, until_ns, side="left"))
                 if stop > start:
-                    engine.push(name, s.t[start:stop], s.values[start:stop])
+                    engine.push_ns(name, s.t_ns[start:stop], s.values[start:stop])
                     pushed += stop - start
                     cursor[name] = stop
             for end_tick in engine.due_windows():

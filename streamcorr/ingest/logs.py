@@ -1,7 +1,8 @@
 """Recorded logs as channels of timestamped samples, for ``streamcorr replay``.
 
 Contract: ``open_log(path, ...)`` returns a :class:`Recording`, one :class:`Series` per channel, each
-sorted by time (seconds, float64, as a live sender would stamp them) with only finite samples; or it
+sorted by time (integer nanoseconds: timestamps and integer times exactly, float seconds rounded to the
+nanosecond) with only finite samples; or it
 raises :class:`~streamcorr.errors.InputError` naming the file, what is wrong and the flag that fixes it.
 
 Formats (by suffix; ``fmt`` overrides):
@@ -45,10 +46,15 @@ _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 @dataclass
 class Series:
-    """One channel: t (n,) seconds, ascending; values (n,) float64, finite."""
+    """One channel: t_ns (n,) int64 nanoseconds, ascending; values (n,) float64, finite."""
 
-    t: np.ndarray
+    t_ns: np.ndarray
     values: np.ndarray
+
+    @property
+    def t(self) -> np.ndarray:
+        """The stamps in float seconds (for display and rates; the engine takes t_ns)."""
+        return self.t_ns / 1e9
 
 
 @dataclass
@@ -63,7 +69,7 @@ class Recording:
 
     @property
     def n_samples(self) -> int:
-        return sum(len(s.t) for s in self.series.values())
+        return sum(len(s.t_ns) for s in self.series.values())
 
     @property
     def t_start(self) -> float:
@@ -84,7 +90,7 @@ class Recording:
         for name, s in list(self.series.items())[:limit]:
             dt = np.diff(s.t)
             rate = f"{1 / np.median(dt):9.2f} Hz" if len(dt) and np.median(dt) > 0 else "        - Hz"
-            lines.append(f"  {name:<{width}}  {len(s.t):>10,} samples  {rate}  t {s.t[0]:.3f} .. {s.t[-1]:.3f}")
+            lines.append(f"  {name:<{width}}  {len(s.t_ns):>10,} samples  {rate}  t {s.t[0]:.3f} .. {s.t[-1]:.3f}")
         if len(self.series) > limit:
             lines.append(f"  ... and {len(self.series) - limit} more channels")
         lines.extend(f"  note: {n}" for n in self.notes)
@@ -183,16 +189,30 @@ def _read_parquet(p: Path) -> Any:
         raise InputError(f"cannot read {p} as Parquet: {str(exc).splitlines()[0][:300]}") from None
 
 
-def _seconds(col: Any, unit: str, where: str) -> np.ndarray:
+_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+_MAX_NS = 2**63 - 1
+
+
+def _times_ns(col: Any, unit: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(t_ns int64, usable) of a time column: timestamps and integers exactly, floats rounded to the ns; a
+    missing, non-finite or out-of-range stamp is not usable (its row is left out)."""
     import pyarrow as pa
     import pyarrow.types as pt
 
     if pt.is_timestamp(col.type) or pt.is_date(col.type):
         ns = col.cast(pa.timestamp("ns")).cast(pa.int64()).to_numpy(zero_copy_only=False)
-        return np.asarray(ns, dtype=np.float64) / 1e9
+        arr = np.asarray(ns, dtype=np.float64)  # nulls come back as NaN
+        ok = np.isfinite(arr)
+        return np.where(ok, np.nan_to_num(arr), 0).astype(np.int64), ok
+    scale = _UNIT_NS[unit]
+    if pt.is_integer(col.type) and col.null_count == 0:
+        raw = np.asarray(col.to_numpy(zero_copy_only=False))
+        ok = np.abs(raw.astype(np.float64)) * scale <= 9.2e18
+        return np.where(ok, raw, 0).astype(np.int64) * scale, ok
     if pt.is_integer(col.type) or pt.is_floating(col.type):
-        t = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
-        return t * _UNIT_S[unit] if unit != "s" else t
+        t = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64) * scale
+        ok = np.isfinite(t) & (np.abs(t) <= 9.2e18)
+        return np.round(np.where(ok, t, 0.0)).astype(np.int64), ok
     raise InputError(f"{where}: the time column holds {col.type}, not numbers or timestamps; see --time-column")
 
 
@@ -224,7 +244,7 @@ def _from_table(
                              f"pass --time-column (columns: {_short(names)})")  # fmt: skip
     if time_column not in names:
         raise InputError(f"{where}: no column {time_column!r} (--time-column); columns: {_short(names)}")
-    t = _seconds(tab.column(time_column), unit, where)
+    t, t_ok = _times_ns(tab.column(time_column), unit, where)
     text = [n for n in names if n != time_column and (pt.is_string(tab.column(n).type) or
                                                       pt.is_large_string(tab.column(n).type))]  # fmt: skip
     lower = {n.lower(): n for n in names}
@@ -246,9 +266,9 @@ def _from_table(
         for name in uniq[np.argsort(first)]:  # channels in order of first appearance
             if name:
                 rows = chan == name
-                series[str(name)] = _series(t[rows], vals[rows])
+                series[str(name)] = _series(t[rows], vals[rows], t_ok[rows])
         rec = Recording(where, f"{kind.upper() if kind == 'csv' else 'Parquet'} (long)", {})
-        rec.series = {n: s for n, s in series.items() if len(s.t)}
+        rec.series = {n: s for n, s in series.items() if len(s.t_ns)}
         return rec
     rec = Recording(where, f"{kind.upper() if kind == 'csv' else 'Parquet'} (wide)", {})
     skipped = []
@@ -259,17 +279,17 @@ def _from_table(
         if not _numeric(col.type):
             skipped.append(n)
             continue
-        s = _series(t, np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64))
-        if len(s.t):
+        s = _series(t, np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64), t_ok)
+        if len(s.t_ns):
             rec.series[n] = s
     if skipped:
         rec.notes.append(f"columns without numbers left out: {_short(skipped)}")
     return rec
 
 
-def _series(t: np.ndarray, values: np.ndarray) -> Series:
-    keep = np.isfinite(t) & np.isfinite(values)
-    t, values = t[keep], values[keep]
+def _series(t: np.ndarray, values: np.ndarray, t_ok: np.ndarray | None = None) -> Series:
+    keep = np.isfinite(values) if t_ok is None else t_ok & np.isfinite(values)
+    t, values = np.asarray(t, dtype=np.int64)[keep], values[keep]
     if len(t) > 1 and (np.diff(t) < 0).any():
         order = np.argsort(t, kind="stable")
         t, values = t[order], values[order]
@@ -321,7 +341,7 @@ class _Collector:
 
     def __init__(self, where: str, kind: str) -> None:
         self.rec = Recording(where, kind, {})
-        self.t: dict[str, list[float]] = {}
+        self.t: dict[str, list[int]] = {}
         self.v: dict[str, list[float]] = {}
         self.counts: dict[str, int] = {}
         self.types: dict[str, str] = {}
@@ -329,17 +349,16 @@ class _Collector:
     def add(self, topic: str, msgtype: str, t_ns: int, msg: Any) -> None:
         self.counts[topic] = self.counts.get(topic, 0) + 1
         self.types[topic] = msgtype
-        t = t_ns / 1e9
         for name, value in flatten(topic.lstrip("/"), msg):
             if name not in self.t:
                 self.t[name], self.v[name] = [], []
-            self.t[name].append(t)
+            self.t[name].append(int(t_ns))
             self.v[name].append(value)
 
     def done(self) -> Recording:
         self.rec.topics = {k: (self.types[k], self.counts[k]) for k in self.counts}
         for name in self.t:
-            self.rec.series[name] = _series(np.array(self.t[name]), np.array(self.v[name]))
+            self.rec.series[name] = _series(np.array(self.t[name], dtype=np.int64), np.array(self.v[name]))
         return self.rec
 
 
