@@ -199,6 +199,9 @@ class EstimatorConfig(_Strict):
     weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v2
     # estimates above 1.5 nats refined by the chain rule over quantile slabs (windows >= 512; Estimator docstring)
     refine_high_mi: bool = True
+    # ar: MI between the channels' innovations (residuals of a per-channel AR fit over the window): dependence of
+    # the new information rather than of slow levels (streamcorr.significance.prewhiten); none: the samples
+    prewhiten: Literal["none", "ar"] = "none"
 
     @field_validator("weights")
     @classmethod

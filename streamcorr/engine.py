@@ -60,6 +60,7 @@ from .significance import (
     max_lag,
     pair_n_eff,
     per_evaluation_rate,
+    prewhiten,
 )
 
 log = logging.getLogger("streamcorr.engine")
@@ -228,6 +229,13 @@ class Engine:
         if self.cfg.repeated_rows == "keep":
             fresh = valid
         self._last_window = (tuple(self.state.channels), window)
+        raw = window
+        if self.est.prewhiten == "ar":  # innovations of every fully valid channel; they change with each fit
+            window = window.copy()
+            whole = valid.all(axis=1)
+            window[whole] = prewhiten(raw[whole])
+            for c in chans:
+                c.ranks_end_tick = None
         t0 = cnt.add_time("align", t0)
         ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
         t0 = cnt.add_time("ranks", t0)
@@ -266,7 +274,7 @@ class Engine:
             u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
             t_model = t0
             # MI exactly 0 for a constant channel, as in the estimator (ranked channels are all finite)
-            constant = np.array([r is not None and window[k].max() == window[k].min() for k, r in enumerate(ranks)])
+            constant = np.array([r is not None and raw[k].max() == raw[k].min() for k, r in enumerate(ranks)])
             mi[full] = self.compute.estimate(u, i[full], j[full], constant)  # histograms + network: local or Ray
             t0 = cnt.add_time("model", t0)
             self.screener.observe_model(int(full.sum()), t0 - t_model)

@@ -23,6 +23,7 @@ from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank
 from .errors import InputError
 from .model import InfoNet, dv_readout
 from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
+from .significance import prewhiten
 from .tensor_path import TensorPath, device_batch_size
 from .weights import DEFAULT_TIES, load_model
 
@@ -78,6 +79,8 @@ class Estimator:
 
     ``ties`` is the rank transform's tie policy ("mid" or "jitter", see streamcorr.copula);
     by default the one the weights were trained with (their metadata), else ``weights.DEFAULT_TIES`` ("jitter").
+    ``prewhiten="ar"`` estimates MI between the rows' innovations (residuals of an AR(8) fit per row,
+    streamcorr.significance.prewhiten) instead of the samples themselves.
     ``refine_high_mi`` refines estimates above 1.5 nats by the chain rule over quantile slabs (streamcorr.refine;
     windows of 512 samples or more; up to 5 more network passes for such a pair, none for the others).
 
@@ -101,9 +104,13 @@ class Estimator:
         amp: bool | None = None,
         compile: bool | Literal["aot"] | None = None,
         refine_high_mi: bool = True,
+        prewhiten: Literal["none", "ar"] = "none",
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
+        if prewhiten not in ("none", "ar"):
+            raise InputError(f"prewhiten must be 'none' or 'ar'; got {prewhiten!r}")
+        self.prewhiten = prewhiten
         if nonfinite not in ("raise", "drop"):
             raise InputError(f"nonfinite must be 'raise' or 'drop'; got {nonfinite!r}")
         if threads is not None:
@@ -315,6 +322,8 @@ class Estimator:
         xa, ya = self._check_pairs(x, y)
         if xa.shape[0] == 0:
             return np.empty(0)
+        if self.prewhiten == "ar" and np.isfinite(xa).all() and np.isfinite(ya).all():
+            xa, ya = prewhiten(xa), prewhiten(ya)  # innovations (streamcorr.significance)
         (hist, mx, my, constant), u = self._histograms(xa, ya)
         mi = self.estimate_histograms(hist, mx, my)
         mi[constant] = 0.0

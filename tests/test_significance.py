@@ -165,3 +165,18 @@ def test_a_smooth_dependent_pair_is_flagged_and_a_smooth_independent_one_is_not(
     flagged = np.array([s.dependent[0, 1] for s, _ in hops[3:]])
     assert flagged.mean() > 0.9
     assert not any(s.dependent[0, 2] or s.dependent[1, 2] for s, _ in hops)
+
+
+def test_prewhitening_reads_the_dependence_of_innovations():
+    """With prewhiten='ar', two independent smooth series read near zero, and two smooth series driven by the
+    same innovations (each through its own filter) read clearly dependent."""
+    from streamcorr.estimator import Estimator
+
+    rng = np.random.default_rng(41)
+    est, plain = Estimator(prewhiten="ar"), default_estimator()
+    x, y = _ar1(rng, 0.99, (40, 1024)), _ar1(rng, 0.99, (40, 1024))
+    assert plain.estimate_batch(x, y).mean() > 0.1 and est.estimate_batch(x, y).mean() < 0.02
+    e = rng.standard_normal((40, 3024))
+    shared_x = lfilter([1.0], [1.0, -0.98], e, axis=1)[:, 2000:]
+    shared_y = lfilter([1.0], [1.0, -1.6, 0.64], e + 0.5 * rng.standard_normal(e.shape), axis=1)[:, 2000:]
+    assert est.estimate_batch(shared_x, shared_y).mean() > 0.3
