@@ -166,7 +166,7 @@ def _engine(names: list[str], rate_hz: float, evaluate_pairs: int) -> Any:
         window_len=1024,
         hop_samples=int(rate_hz),  # 1 s
         max_pairs_per_hop=evaluate_pairs or None,
-        false_alarm_rate=0.005,  # the smallest null calibration (2,000 windows): change detection is not measured
+        false_alarm_rate=0.005,  # change detection is not measured here
     )
     return Engine(cfg, estimator=_ESTIMATOR[0])
 
