@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -103,9 +104,11 @@ def _numbers(obj: object) -> dict[str, int | float]:
 
 
 def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
-    """Per-pair gauges for Grafana: the ``http.pair_metrics_top_k`` strongest pairs of the newest snapshot and the
-    first ``http.pair_metrics_listed`` pairs of ``pairs.pairs``; at most 1,100 label sets (a, b), so a large
-    matrix cannot flood Prometheus. A pair that leaves the top k leaves the exposition (its series goes stale)."""
+    """Per-pair gauges for Grafana and alert rules: the ``http.pair_metrics_top_k`` strongest pairs of the newest
+    snapshot and the first ``http.pair_metrics_listed`` pairs of ``pairs.pairs``; at most 1,100 label sets (a, b),
+    so a large matrix cannot flood Prometheus. A pair that leaves the top k leaves the exposition (its series goes
+    stale). Each pair has one ``why``: "listed" wins over "top". ``streamcorr_pair_dependent`` is the change
+    detector's verdict (1/0), present once the pair has had a network estimate (the detector judges those only)."""
     names = list(snap.channels)
     index = {n: k for k, n in enumerate(names)}
     chosen: dict[tuple[int, int], str] = {}
@@ -120,10 +123,19 @@ def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
                              labels=["a", "b", "why"])  # fmt: skip
     age_g = GaugeMetricFamily("streamcorr_pair_age_seconds", "Stream seconds since the pair's value was computed",
                               labels=["a", "b", "why"])  # fmt: skip
+    dep_g = GaugeMetricFamily("streamcorr_pair_dependent", "1 while the change detector holds the pair dependent",
+                              labels=["a", "b", "why"])  # fmt: skip
+    # a verdict exists where the network estimated the pair (screened-only and unevaluated cells have none)
+    judged = snap.network_age_s if snap.network_age_s is not None else snap.age_s
     for (i, j), why in chosen.items():
-        mi_g.add_metric([names[i], names[j], why], float(snap.mi[i, j]))
-        age_g.add_metric([names[i], names[j], why], float(snap.age_s[i, j]))
+        labels = [names[i], names[j], why]
+        mi_g.add_metric(labels, float(snap.mi[i, j]))
+        age_g.add_metric(labels, float(snap.age_s[i, j]))
+        if snap.dependent is not None and np.isfinite(judged[i, j]):
+            dep_g.add_metric(labels, float(snap.dependent[i, j]))
     yield from (mi_g, age_g)
+    if snap.dependent is not None:  # None: a publisher without the detector's verdicts; no series then
+        yield dep_g
 
 
 class DaemonMetrics(Collector):
@@ -195,6 +207,7 @@ class DaemonMetrics(Collector):
             depth.add_metric([name], n)
         yield depth
         yield from self._outputs()
+        yield from _timing_metrics(d)
         yield GaugeMetricFamily("streamcorr_up", "1 when /healthz answers 200", value=float(health(d)[0] == 200))
         yield GaugeMetricFamily("streamcorr_ready", "1 when /readyz answers 200", value=float(readiness(d)[0] == 200))
 
@@ -237,6 +250,25 @@ class DaemonMetrics(Collector):
             yield CounterMetricFamily(
                 "streamcorr_http_header_timeouts", "Closed after http.header_timeout_s", value=g["header_timeouts"]
             )
+
+
+def _timing_metrics(d: Daemon) -> Iterator[Any]:
+    """What alert rules compare ages and latencies with: the hop, /healthz's staleness bound (both from the config),
+    and the wall times of the newest snapshot and the newest input (absent until there is one)."""
+    yield GaugeMetricFamily("streamcorr_hop_interval_seconds", "Stream seconds between hops (window.hop_*)",
+                            value=d.hop_s)  # fmt: skip
+    yield GaugeMetricFamily(
+        "streamcorr_snapshot_stale_threshold_seconds",
+        "/healthz degrades when input flows but no snapshot came for this long (http.snapshot_stale_s)",
+        value=d.snapshot_stale_s,
+    )
+    engine = d.engine_or_none
+    if engine is not None and engine.latest is not None:
+        yield GaugeMetricFamily("streamcorr_last_snapshot_timestamp_seconds", "Wall time the newest snapshot was made",
+                                value=engine.latest.wall_ns / 1e9)  # fmt: skip
+    if d.last_input_wall is not None:
+        yield GaugeMetricFamily("streamcorr_last_input_timestamp_seconds", "Wall time samples last arrived",
+                                value=d.last_input_wall)  # fmt: skip
 
 
 def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
