@@ -43,10 +43,11 @@ from .http_guard import HttpGuard
 from .ingest.source import Source
 from .logutil import RateLimitedLog
 from .matrix import Snapshot
-from .observe import DaemonMetrics, SystemdNotifier, health, liveness, readiness, status_counters
+from .observe import DaemonMetrics, health, liveness, readiness, status_counters
 from .parts import COMPUTE, OUTPUTS, SOURCES, SinkGuard
 from .publish.sinks import Sink, forward
 from .settings import EngineConfig
+from .systemd import SystemdNotifier
 
 log = logging.getLogger("streamcorr.daemon")
 

@@ -26,13 +26,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import socket
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DaemonMetrics",
-    "SystemdNotifier",
     "health",
     "liveness",
     "output_problem",
@@ -125,17 +122,14 @@ def _pair_metrics(snap: Snapshot, cfg: Config) -> Iterator[Any]:
                               labels=["a", "b", "why"])  # fmt: skip
     dep_g = GaugeMetricFamily("streamcorr_pair_dependent", "1 while the change detector holds the pair dependent",
                               labels=["a", "b", "why"])  # fmt: skip
-    # a verdict exists where the network estimated the pair (screened-only and unevaluated cells have none)
-    judged = snap.network_age_s if snap.network_age_s is not None else snap.age_s
+    judged = snap.network_age_s if snap.network_age_s is not None else snap.age_s  # the detector sees these only
     for (i, j), why in chosen.items():
         labels = [names[i], names[j], why]
         mi_g.add_metric(labels, float(snap.mi[i, j]))
         age_g.add_metric(labels, float(snap.age_s[i, j]))
-        if snap.dependent is not None and np.isfinite(judged[i, j]):
+        if snap.dependent is not None and math.isfinite(judged[i, j]):
             dep_g.add_metric(labels, float(snap.dependent[i, j]))
-    yield from (mi_g, age_g)
-    if snap.dependent is not None:  # None: a publisher without the detector's verdicts; no series then
-        yield dep_g
+    yield from (mi_g, age_g) if snap.dependent is None else (mi_g, age_g, dep_g)  # None: no verdicts published
 
 
 class DaemonMetrics(Collector):
@@ -253,22 +247,19 @@ class DaemonMetrics(Collector):
 
 
 def _timing_metrics(d: Daemon) -> Iterator[Any]:
-    """What alert rules compare ages and latencies with: the hop, /healthz's staleness bound (both from the config),
-    and the wall times of the newest snapshot and the newest input (absent until there is one)."""
-    yield GaugeMetricFamily("streamcorr_hop_interval_seconds", "Stream seconds between hops (window.hop_*)",
-                            value=d.hop_s)  # fmt: skip
-    yield GaugeMetricFamily(
-        "streamcorr_snapshot_stale_threshold_seconds",
-        "/healthz degrades when input flows but no snapshot came for this long (http.snapshot_stale_s)",
-        value=d.snapshot_stale_s,
-    )
-    engine = d.engine_or_none
-    if engine is not None and engine.latest is not None:
-        yield GaugeMetricFamily("streamcorr_last_snapshot_timestamp_seconds", "Wall time the newest snapshot was made",
-                                value=engine.latest.wall_ns / 1e9)  # fmt: skip
-    if d.last_input_wall is not None:
-        yield GaugeMetricFamily("streamcorr_last_input_timestamp_seconds", "Wall time samples last arrived",
-                                value=d.last_input_wall)  # fmt: skip
+    """What alert rules compare ages and latencies with: the hop and /healthz's staleness bound (from the config),
+    the wall times of the newest snapshot and of the newest input (absent until there is one)."""
+    latest = d.engine_or_none.latest if d.engine_or_none is not None else None
+    for name, about, value in (
+        ("streamcorr_hop_interval_seconds", "Stream seconds between hops (window.hop_*)", d.hop_s),
+        ("streamcorr_snapshot_stale_threshold_seconds", "/healthz: input flowing, no snapshot this long (http."
+         "snapshot_stale_s)", d.snapshot_stale_s),
+        ("streamcorr_last_snapshot_timestamp_seconds", "Wall time the newest snapshot was made",
+         None if latest is None else latest.wall_ns / 1e9),
+        ("streamcorr_last_input_timestamp_seconds", "Wall time samples last arrived", d.last_input_wall),
+    ):  # fmt: skip
+        if value is not None:
+            yield GaugeMetricFamily(name, about, value=value)
 
 
 def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
@@ -439,47 +430,3 @@ def liveness(d: Daemon) -> tuple[int, dict[str, Any]]:
     body = {"status": "dead" if dead else "alive", "problems": dead, "phase": d.phase,
             "uptime_s": round(time.time() - d.started_wall, 1)}  # fmt: skip
     return (503 if dead else 200), body
-
-
-class SystemdNotifier:
-    """sd_notify(3) for a ``Type=notify`` unit (examples/streamcorr.service), without libsystemd: ``ready()`` once
-    running, ``stopping()`` at shutdown, ``extend_start(s)`` while a first start measures its calibration, and
-    ``watchdog()``, a task that pings from the event loop every half ``WatchdogSec`` so that systemd restarts a
-    daemon whose loop stalls. Outside such a unit (no ``NOTIFY_SOCKET``) every call does nothing."""
-
-    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
-        addr = environ.get("NOTIFY_SOCKET", "")
-        self.addr = "\0" + addr[1:] if addr.startswith("@") else addr  # "@name": the abstract namespace
-        usec, pid = environ.get("WATCHDOG_USEC", ""), environ.get("WATCHDOG_PID", "")
-        mine = not pid or pid == str(os.getpid())  # a child that inherited the variables must not ping
-        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 and mine else None
-        self._warned = False
-
-    def send(self, *fields: str) -> None:
-        if not self.addr:
-            return
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-                sock.connect(self.addr)
-                sock.sendall("\n".join(fields).encode())
-        except OSError as exc:
-            if not self._warned:  # systemd gone or the socket unreachable: the service runs on regardless
-                self._warned = True
-                log.warning("cannot notify systemd at NOTIFY_SOCKET=%s: %s", self.addr, exc.strerror or exc)
-
-    def ready(self, status: str) -> None:
-        self.send("READY=1", f"STATUS={status}")
-
-    def stopping(self) -> None:
-        self.send("STOPPING=1", "STATUS=shutting down")
-
-    def extend_start(self, s: float, status: str) -> None:
-        """Give a start that is making progress ``s`` more seconds beyond TimeoutStartSec."""
-        self.send(f"EXTEND_TIMEOUT_USEC={int(s * 1e6)}", f"STATUS={status}")
-
-    async def watchdog(self) -> None:
-        if self.watchdog_s is None:
-            return
-        while True:
-            self.send("WATCHDOG=1")
-            await asyncio.sleep(self.watchdog_s / 2)
