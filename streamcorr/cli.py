@@ -96,11 +96,11 @@ def _estimate(args: argparse.Namespace) -> int:
 
 
 class _Table:
-    """Numeric columns of a data file: names, values (C, T) with NaN for empty or non-numeric cells, and
-    the columns skipped because nothing in them is a number."""
+    """Numeric columns of a data file: names, values (C, T) with NaN for empty or non-numeric cells, the
+    columns skipped because nothing in them is a number, and the time column (t, time, ...) if any."""
 
-    def __init__(self, path: str, names: list[str], values: np.ndarray, skipped: list[str]) -> None:
-        self.path, self.names, self.values, self.skipped = path, names, values, skipped
+    def __init__(self, path: str, names: list[str], values: np.ndarray, skipped: list[str], time: str | None) -> None:
+        self.path, self.names, self.values, self.skipped, self.time = path, names, values, skipped, time
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.names:
@@ -115,54 +115,46 @@ def _list(names: list[str], limit: int = 20) -> str:
 
 
 def _read_table(path: str) -> _Table:
-    """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file."""
-    if path.endswith((".parquet", ".pq")):
-        return _read_parquet(path)
-    import csv
+    """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file, through the
+    replay's bounded table reader: cells that are not numbers read as NaN; the time column is kept apart."""
+    import pyarrow.types as pt
 
-    try:
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise StreamcorrError(f"{path} is not a regular file (a directory or a device?); give a CSV file")
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            header_line = f.readline(1 << 20)
-            f.seek(0)
-            if not header_line.strip():
-                raise StreamcorrError(f"{path} is empty: expected a header row naming the columns, then data rows")
-            delimiter = max(",;\t|", key=header_line.count) if any(c in header_line for c in ",;\t|") else ","
-            rows = list(csv.reader(f, delimiter=delimiter))
-    except OSError as exc:
-        raise StreamcorrError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise StreamcorrError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a CSV file?") from None
-    except csv.Error as exc:
-        raise StreamcorrError(f"{path} is not a readable CSV file: {exc}") from None
-    header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if any(cell.strip() for cell in r)]
-    if not body:
+    from .ingest.logs import TIME_COLUMNS, read_table
+
+    tab, ragged = read_table(path)
+    if tab.num_rows == 0:
         raise StreamcorrError(f"{path} has a header row but no data rows")
-    width = len(header)
-    ragged = sum(len(r) != width for r in body)
     if ragged:
-        print(f"note: {ragged} rows of {path} do not have {width} fields; their missing fields count as empty",
+        print(f"note: {ragged} rows of {path} do not have {tab.num_columns} fields; they are left out",
               file=sys.stderr)  # fmt: skip
-    cells = np.array([(r + [""] * width)[:width] for r in body], dtype=object).T  # (C, T)
     names: list[str] = []
     values: list[np.ndarray] = []
     skipped: list[str] = []
-    for k, name in enumerate(header):
-        col = _numbers(cells[k])
-        if np.isnan(col).all() and not any(c.strip().lower() == "nan" for c in cells[k]):
-            skipped.append(name or f"column {k + 1}")
+    comma: list[str] = []
+    for k, (name, col) in enumerate(zip(tab.column_names, tab.columns, strict=True)):
+        label = name or f"column {k + 1}"
+        if pt.is_integer(col.type) or pt.is_floating(col.type):
+            names.append(label)
+            values.append(np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64))
+            continue
+        cells = np.asarray(col.cast("string").fill_null("").to_numpy(zero_copy_only=False), dtype=object)
+        numbers = _numbers(cells)
+        if np.isnan(numbers).all() and not any(str(c).strip().lower() == "nan" for c in cells):
+            skipped.append(label)
+            if _decimal_commas(cells):
+                comma.append(label)
         else:
-            names.append(name or f"column {k + 1}")
-            values.append(col)
-    comma = [name for k, name in enumerate(header) if name in skipped and _decimal_commas(cells[k])]
+            names.append(label)
+            values.append(numbers)
     if skipped:
         hint = f" ({_list(comma)} hold decimal commas: write 1.5, not 1,5)" if comma else ""
         print(f"note: skipped columns without numbers: {_list(skipped)}{hint}", file=sys.stderr)
     if not names:
-        hint = "" if width > 1 else f"; only one column found (the delimiter is {delimiter!r})"
+        hint = "" if tab.num_columns > 1 else "; only one column found (is the delimiter one of , ; tab |?)"
         raise StreamcorrError(f"{path} has no numeric column{hint}")
-    return _Table(path, names, np.stack(values), skipped)
+    lower = {n.lower(): n for n in names}
+    time = next((lower[c] for c in TIME_COLUMNS if c in lower), None)
+    return _Table(path, names, np.stack(values), skipped, time)
 
 
 def _decimal_commas(cells: np.ndarray) -> bool:
@@ -183,39 +175,14 @@ def _numbers(cells: np.ndarray) -> np.ndarray:
         return out
 
 
-def _read_parquet(path: str) -> _Table:
-    try:
-        import pyarrow.parquet as pq  # optional: only for Parquet input
-    except ImportError:
-        raise StreamcorrError("reading Parquet needs pyarrow: pip install pyarrow (or convert to CSV)") from None
-    try:
-        tab = pq.read_table(path)
-    except OSError as exc:  # missing file and corrupt file alike (pyarrow's ArrowInvalid is an OSError too)
-        raise StreamcorrError(f"cannot read {path} as Parquet: {exc}") from None
-    except Exception as exc:  # pyarrow has many error types; any of them means the same to the user
-        raise StreamcorrError(f"cannot read {path} as Parquet: {exc}") from None
-    names = [n for n, col in zip(tab.column_names, tab.columns, strict=True) if _numeric(col.type)]
-    skipped = [n for n in tab.column_names if n not in names]
-    if not names or tab.num_rows == 0:
-        raise StreamcorrError(f"{path} has no numeric column with rows")
-    values = np.stack([tab.column(n).to_numpy(zero_copy_only=False).astype(np.float64) for n in names])
-    return _Table(path, names, values, skipped)
-
-
-def _numeric(arrow_type: object) -> bool:
-    import pyarrow.types as pt
-
-    return bool(pt.is_integer(arrow_type) or pt.is_floating(arrow_type))
-
-
 def _matrix(args: argparse.Namespace) -> int:
     from .estimator import Estimator
 
     table = _read_table(args.file)
-    names, data = table.names, table.values
-    if args.columns:
-        data = np.stack([table.column(c) for c in args.columns])
-        names = list(args.columns)
+    names = list(args.columns) if args.columns else [n for n in table.names if n != table.time]
+    if not args.columns and table.time is not None:
+        print(f"note: column {table.time!r} is time, left out of the matrix (--columns to choose)", file=sys.stderr)
+    data = np.stack([table.column(c) for c in names]) if names else np.zeros((0, table.values.shape[1]))
     if len(names) < 2:
         raise StreamcorrError(f"{args.file}: a matrix needs at least 2 numeric columns; found {_list(names)}")
     n_rows = data.shape[1]

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 from .errors import InputError
+from .ingest.logs import ReadLimits
 
 __all__ = ["add_replay_commands"]
 
@@ -42,6 +44,17 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
                     "the config's 'auto' means in a replay): the network on every selected pair")  # fmt: skip
     rp.add_argument("--threads", type=int, help="torch threads of the model (default: config's estimator.threads, "
                     "else torch's; 1 is often fastest on a machine busy with other work)")  # fmt: skip
+    rp.add_argument("--max-gap-s", type=float, help="a longer stretch without samples on any channel is skipped, "
+                    "not evaluated hop by hop, and listed in replay.json (default: 4 windows)")  # fmt: skip
+    rp.add_argument("--max-samples", type=int, default=ReadLimits.max_samples,
+                    help="refuse a log with more samples, over all channels (16 bytes each in memory; default "
+                    "%(default)s)")  # fmt: skip
+    rp.add_argument("--max-channels", type=int, default=ReadLimits.max_channels,
+                    help="refuse a table with more channel columns or names; message fields beyond are left out "
+                    "and counted (default %(default)s)")  # fmt: skip
+    rp.add_argument("--max-mb", type=int, default=ReadLimits.max_mb,
+                    help="MiB that a table's columns, one MCAP record or one decompressed chunk may take "
+                    "(default %(default)s)")  # fmt: skip
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.set_defaults(func=_replay)
     rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
@@ -53,10 +66,17 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from .engine import EngineConfig
     from .ingest.logs import open_log
-    from .replay import replay
+    from .settings import EngineConfig
 
+    for flag, value in (("--max-samples", args.max_samples), ("--max-channels", args.max_channels),
+                        ("--max-mb", args.max_mb)):  # fmt: skip
+        if value < 1:
+            raise InputError(f"{flag} must be at least 1; got {value}")
+    for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError(f"{flag} must be a finite number more than 0; got {value}")
+    limits = ReadLimits(max_samples=args.max_samples, max_channels=args.max_channels, max_mb=args.max_mb)
     rec = open_log(
         args.log,
         fmt=args.format,
@@ -65,6 +85,8 @@ def _replay(args: argparse.Namespace) -> int:
         channel_column=args.channel_column,
         value_column=args.value_column,
         topics=args.topics,
+        channels=args.channels,
+        limits=limits,
     )
     if args.channels:
         missing = [c for c in args.channels if c not in rec.series]
@@ -74,12 +96,11 @@ def _replay(args: argparse.Namespace) -> int:
     if args.list:
         print(rec.describe())
         return 0
-    for flag, value, low in (("--rate-hz", args.rate_hz, 0), ("--window", args.window, 31), ("--hop", args.hop, 0)):
+    for flag, value, low in (("--window", args.window, 31), ("--hop", args.hop, 0)):
         if value is not None and not value > low:
             raise InputError(f"{flag} must be more than {low}; got {value}")
     if args.config:
         from .config import load_config
-        from .settings import EngineConfig
 
         cfg = load_config(args.config, need_sources=False)
         ec = EngineConfig.from_config(cfg)
@@ -104,6 +125,8 @@ def _replay(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise InputError(f"--threads must be at least 1; got {args.threads}")
         ec = dataclasses.replace(ec, estimator={**ec.estimator, "threads": args.threads})
+    if ec.rate_hz < 1e-3:  # a clock period beyond int64 nanoseconds' reach once windows add up
+        raise InputError(f"the clock's rate is {ec.rate_hz:g} Hz: at least 0.001 Hz (--rate-hz)")
     window_s = (ec.window_len - 1) / ec.rate_hz
     span_s = rec.t_end - rec.t_start
     if span_s < window_s:
@@ -115,8 +138,19 @@ def _replay(args: argparse.Namespace) -> int:
           file=sys.stderr)  # fmt: skip
     for note in rec.notes:
         print(f"note: {note}", file=sys.stderr)
+    from .replay import GAP_WINDOWS, LISTED, replay  # the engine and torch: after --list and the checks
+
     progress = not args.no_progress and sys.stderr.isatty()
-    res = replay(rec, ec, outdir, progress=progress, meta={"config": args.config})
+    max_gap_s = args.max_gap_s or GAP_WINDOWS * ec.window_len / ec.rate_hz
+    res = replay(rec, ec, outdir, progress=progress, meta={"config": args.config}, max_gap_s=max_gap_s)
+    for note in res.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if res.gaps:
+        shown = ", ".join(f"{g.from_ns / 1e9:.3f} .. {g.to_ns / 1e9:.3f} s" for g in res.gaps[:3])
+        more = f" and {len(res.gaps) - 3} more (replay.json lists {LISTED})" if len(res.gaps) > 3 else ""
+        hops = sum(g.hops_skipped for g in res.gaps)
+        print(f"note: {len(res.gaps)} gap(s) without samples longer than --max-gap-s {max_gap_s:g} skipped, "
+              f"{hops:,} hops not evaluated: {shown}{more}", file=sys.stderr)  # fmt: skip
     how = "stopped by Ctrl-C after" if res.interrupted else "done:"
     print(f"{how} {res.hops} hops, {res.rows:,} timeline rows, {res.events} events; {res.stream_s:,.1f} s of "
           f"stream in {res.wall_s:.1f} s ({res.speed:.1f}x real time) -> {outdir}/")  # fmt: skip

@@ -23,6 +23,7 @@ import base64
 import html
 import itertools
 import json
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
+from .outfiles import write_file
 
 __all__ = ["write_report"]
 
@@ -62,6 +64,15 @@ def _color(x: float, vmax: float) -> str:
     return "#000004"
 
 
+_TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
+_EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
+                "previous": "float64", "current": "float64"}  # fmt: skip
+MAX_ROWS = 20_000_000  # timeline rows a report reads (each row is a pair at a hop): beyond, a named error
+MAX_EVENTS = 100_000
+MAX_NAME_CHARS = 1024  # channel names longer than this are not from streamcorr
+MAX_TABLE_SIDE = 512  # a lookup table's grid
+
+
 def _load(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dict[str, Any]], dict[str, Any]]:
     try:
         import pyarrow.parquet as pq
@@ -78,22 +89,57 @@ def _load(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dic
                          "'streamcorr replay' or outputs.record")  # fmt: skip
     import pyarrow.compute as pc
 
-    def read_timeline(path: Path) -> Any:
-        have = set(pq.read_schema(path).names)
-        tab = pq.read_table(path, columns=[c for c in _COLUMNS if c in have])
-        for name, kind in _OPTIONAL.items():
+    rows = [0]
+
+    def read(path: Path, types: dict[str, str], optional: dict[str, str], limit: int) -> Any:
+        """The columns ``types`` (cast; present, without nulls) and ``optional`` (nulls when absent)."""
+        pf = pq.ParquetFile(path)
+        rows[0] += pf.metadata.num_rows
+        if rows[0] > limit:
+            raise _Bad(f"more than {limit:,} rows: not replay output, or a replay too long for one report")
+        have = set(pf.schema_arrow.names)
+        if missing := [c for c in types if c not in have]:
+            raise _Bad(f"{path.name} has no column {', '.join(missing)}: not written by streamcorr")
+        wanted = [*types, *(c for c in optional if c in have)]
+        tab = pq.read_table(path, columns=wanted, read_dictionary=[c for c in wanted if types.get(c) == "string"])
+        out = {}
+        for name, kind in {**types, **optional}.items():
             if name not in have:
-                tab = tab.append_column(name, pa.nulls(tab.num_rows, pa.type_for_alias(kind)))
-        return tab.select(list(_COLUMNS))
+                out[name] = pa.nulls(tab.num_rows, pa.type_for_alias(kind))
+                continue
+            col = tab.column(name)
+            if kind == "string":
+                names = col.combine_chunks().dictionary if pa.types.is_dictionary(col.type) else col
+                if (pc.max(pc.utf8_length(names.cast(pa.string()))).as_py() or 0) > MAX_NAME_CHARS:
+                    raise _Bad(f"{path.name}: column {name} holds names longer than {MAX_NAME_CHARS} characters")
+            try:
+                col = col.cast(pa.type_for_alias(kind))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise _Bad(f"{path.name}: column {name} holds {col.type}, not {kind}") from None
+            if name in types and name != "mi" and col.null_count:
+                raise _Bad(f"{path.name}: column {name} has empty cells")
+            out[name] = col
+        return pa.table(out)
 
     try:
-        info = json.loads((outdir / "replay.json").read_text()) if (outdir / "replay.json").is_file() else {}
-        tab = pa.concat_tables([read_timeline(p) for p in timeline])
-        events = [e for p in event_files for e in pq.read_table(p).to_pylist()]
-        tables = json.loads((outdir / "tables.json").read_text()) if (outdir / "tables.json").is_file() else {}
+        info = _json_object(outdir / "replay.json")
+        tab = pa.concat_tables([read(p, {c: _TYPES[c] for c in ("t_ns", "a", "b", "mi")}, _OPTIONAL, MAX_ROWS)
+                                for p in timeline])  # fmt: skip
+        rows[0] = 0
+        events = [e for p in event_files for e in read(p, _EVENT_TYPES, {"initial": "bool"}, MAX_EVENTS).to_pylist()]
+        tables = _tables(_json_object(outdir / "tables.json"))
+        for key in ("t_start", "t_end"):
+            value = info.get(key, 0.0)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise _Bad(f"replay.json: {key} is {value!r:.40}, not a number")
+        if not isinstance(info.get("channels", []), list):
+            raise _Bad("replay.json: channels is not a list")
+    except _Bad as exc:
+        raise InputError(f"cannot read the replay output in {outdir}: {exc}") from None
     except Exception as exc:  # a damaged or foreign file: one message
         raise InputError(f"cannot read the replay output in {outdir}: {str(exc).splitlines()[0][:300]}") from None
-    cols = {n: tab.column(n).to_numpy(zero_copy_only=False) for n in ("t_ns", "a", "b", "mi")}
+    cols = {n: tab.column(n).to_numpy(zero_copy_only=False) for n in ("t_ns", "a", "b")}
+    cols["mi"] = pc.fill_null(tab.column("mi"), np.nan).to_numpy(zero_copy_only=False)
     dependent = tab.column("dependent")
     known = pc.is_valid(dependent).to_numpy(zero_copy_only=False)
     verdict = pc.fill_null(dependent, False).to_numpy(zero_copy_only=False)
@@ -105,10 +151,55 @@ def _load(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], list[dic
     return info, cols, events, tables
 
 
+class _Bad(ValueError):
+    """What is wrong with a file of the replay output."""
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    if path.stat().st_size > 64 << 20:
+        raise _Bad(f"{path.name} is larger than 64 MiB: not written by streamcorr")
+    value = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(value, dict):
+        raise _Bad(f"{path.name} holds a {type(value).__name__}, not a JSON object")
+    return value
+
+
+def _tables(tables: dict[str, Any]) -> dict[str, Any]:
+    """tables.json checked: pairs of names, a finite MI and a square grid of numbers each."""
+    pairs = tables.get("pairs", [])
+    if not isinstance(pairs, list) or not isinstance(tables.get("time", 0.0), int | float):
+        raise _Bad("tables.json: 'pairs' is not a list, or 'time' not a number")
+    for tb in pairs:
+        ok = isinstance(tb, dict) and all(isinstance(tb.get(k), str) for k in ("a", "b"))
+        ok = ok and isinstance(tb.get("mi"), int | float) and isinstance(tb.get("table"), list)
+        if ok:
+            grid = np.asarray(tb["table"], dtype=float)
+            ok = grid.ndim == 2 and 0 < grid.shape[0] == grid.shape[1] <= MAX_TABLE_SIDE and np.isfinite(grid).all()
+        if not ok:
+            raise _Bad("tables.json: each pair needs names a and b, a number mi and a square table of numbers")
+    return tables
+
+
 def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[float] | None = None) -> None:
     """Write the report (see the module docstring) of the replay in ``outdir`` to ``out``."""
     d = Path(outdir)
     info, cols, events, tables = _load(d)
+    try:
+        page = _page(d, info, cols, events, tables, top, at)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # output _load did not foresee
+        raise InputError(f"cannot draw the replay output in {d}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    try:
+        write_file(out, page.encode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc} (-o FILE)") from None
+
+
+def _page(
+    d: Path, info: dict[str, Any], cols: dict[str, np.ndarray], events: list[dict[str, Any]], tables: dict[str, Any],
+    top: int, at: list[float] | None,
+) -> str:  # fmt: skip
     t_ns, a, b, mi = cols["t_ns"], cols["a"].astype(str), cols["b"].astype(str), cols["mi"].astype(float)
     dep, n_eff = cols["dependent"], cols["n_eff"]
     judged = bool((dep >= 0).any())  # False for output written without the detector's verdict
@@ -159,11 +250,7 @@ def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[
             parts.append(_table_svg(tb))
         parts.append("</div>")
     page = _PAGE.replace("{{title}}", html.escape(f"streamcorr report: {Path(str(info.get('log', d))).name}"))
-    page = page.replace("{{body}}", "\n".join(parts))
-    try:
-        Path(out).write_text(page, encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot write {out}: {exc.strerror or exc} (-o FILE)") from None
+    return page.replace("{{body}}", "\n".join(parts))
 
 
 def _instants(hops: np.ndarray, at: list[float] | None, t0: float) -> list[int]:

@@ -507,7 +507,7 @@ def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path):
         assert proc.stderr is not None
         assert proc.stderr.readline().startswith("replaying"), "the replay did not start"
         deadline = time.monotonic() + 120
-        while not (out / "events.jsonl").exists():  # made once the engine (model, calibration) is ready
+        while not list(out.glob(".streamcorr-*/events.jsonl")):  # made once the engine is ready (model, calibration)
             assert proc.poll() is None and time.monotonic() < deadline, "the engine did not start"
             time.sleep(0.1)
         time.sleep(2.0)
