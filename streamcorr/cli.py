@@ -10,12 +10,16 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import __version__
+from .cli_replay import add_limit_flags, limits_from
 from .errors import ConfigError, StreamcorrError
+from .ingest.logs import ReadLimits
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -79,7 +83,7 @@ MIN_ROWS = 32  # the model's shortest window
 def _estimate(args: argparse.Namespace) -> int:
     from .estimator import Estimator
 
-    table = _read_table(args.csv)
+    table = _read_table(args.csv, limits_from(args))
     x, y = (table.column(c) for c in (args.x, args.y))
     keep = np.isfinite(x) & np.isfinite(y)
     dropped = int((~keep).sum())
@@ -114,32 +118,39 @@ def _list(names: list[str], limit: int = 20) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "") if names else "none"
 
 
-def _read_table(path: str) -> _Table:
+def _read_table(path: str, limits: ReadLimits | None = None) -> _Table:
     """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file, through the
-    replay's bounded table reader: cells that are not numbers read as NaN; the time column is kept apart."""
-    import pyarrow.types as pt
-
+    replay's bounded table reader (without pyarrow: CSV through the csv module, bounded the same way). Cells
+    that are not numbers read as NaN; the time column (t, time, ...) is named apart."""
     from .ingest.logs import TIME_COLUMNS, read_table
 
-    tab, ragged = read_table(path)
-    if tab.num_rows == 0:
+    lim = limits or ReadLimits()
+    try:
+        import pyarrow.types as pt
+    except ImportError:
+        if path.endswith((".parquet", ".pq")):
+            raise StreamcorrError("reading Parquet needs pyarrow: pip install pyarrow (or convert to CSV)") from None
+        columns, ragged = _csv_columns(path, lim)
+    else:
+        tab, ragged = read_table(path, limits=lim)
+        columns = [
+            (name, np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+             if pt.is_integer(col.type) or pt.is_floating(col.type)
+             else np.asarray(col.cast("string").fill_null("").to_numpy(zero_copy_only=False), dtype=object))
+            for name, col in zip(tab.column_names, tab.columns, strict=True)
+        ]  # fmt: skip
+    if not columns or len(columns[0][1]) == 0:
         raise StreamcorrError(f"{path} has a header row but no data rows")
     if ragged:
-        print(f"note: {ragged} rows of {path} do not have {tab.num_columns} fields; they are left out",
-              file=sys.stderr)  # fmt: skip
+        print(f"note: {ragged} rows of {path} do not have {len(columns)} fields; they are left out", file=sys.stderr)
     names: list[str] = []
     values: list[np.ndarray] = []
     skipped: list[str] = []
     comma: list[str] = []
-    for k, (name, col) in enumerate(zip(tab.column_names, tab.columns, strict=True)):
+    for k, (name, cells) in enumerate(columns):
         label = name or f"column {k + 1}"
-        if pt.is_integer(col.type) or pt.is_floating(col.type):
-            names.append(label)
-            values.append(np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64))
-            continue
-        cells = np.asarray(col.cast("string").fill_null("").to_numpy(zero_copy_only=False), dtype=object)
-        numbers = _numbers(cells)
-        if np.isnan(numbers).all() and not any(str(c).strip().lower() == "nan" for c in cells):
+        numbers = cells if cells.dtype == np.float64 else _numbers(cells)
+        if cells.dtype == object and np.isnan(numbers).all() and not any(c.strip().lower() == "nan" for c in cells):
             skipped.append(label)
             if _decimal_commas(cells):
                 comma.append(label)
@@ -150,11 +161,55 @@ def _read_table(path: str) -> _Table:
         hint = f" ({_list(comma)} hold decimal commas: write 1.5, not 1,5)" if comma else ""
         print(f"note: skipped columns without numbers: {_list(skipped)}{hint}", file=sys.stderr)
     if not names:
-        hint = "" if tab.num_columns > 1 else "; only one column found (is the delimiter one of , ; tab |?)"
+        hint = "" if len(columns) > 1 else "; only one column found (is the delimiter one of , ; tab |?)"
         raise StreamcorrError(f"{path} has no numeric column{hint}")
     lower = {n.lower(): n for n in names}
     time = next((lower[c] for c in TIME_COLUMNS if c in lower), None)
     return _Table(path, names, np.stack(values), skipped, time)
+
+
+def _csv_columns(path: str, lim: ReadLimits) -> tuple[list[tuple[str, np.ndarray]], int]:
+    """(name, cells) of each column of a CSV through the csv module, rows and cells bounded like the pyarrow
+    reader's; and the number of rows with another number of fields than the header (padded or cut)."""
+    import csv
+
+    from .ingest.logs import CSV_BLOCK_BYTES
+
+    def lines(f: Any) -> Iterator[str]:
+        while line := f.readline(CSV_BLOCK_BYTES + 1):
+            if len(line) > CSV_BLOCK_BYTES:
+                raise StreamcorrError(f"{path}: a row is longer than {CSV_BLOCK_BYTES >> 20} MiB: not a CSV file?")
+            yield line
+
+    rows: list[list[str]] = []
+    try:
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise StreamcorrError(f"{path} is not a regular file (a directory or a device?); give a CSV file")
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            header_line = f.readline(1 << 20)
+            f.seek(0)
+            if not header_line.strip():
+                raise StreamcorrError(f"{path} is empty: expected a header row naming the columns, then data rows")
+            delimiter = max(",;\t|", key=header_line.count) if any(c in header_line for c in ",;\t|") else ","
+            cells = 0
+            for row in csv.reader(lines(f), delimiter=delimiter):
+                cells += len(row)
+                if cells > lim.max_samples or len(row) > lim.max_channels + 64:
+                    msg = (f"{path} holds more than {lim.max_samples:,} cells, or a row of more than "
+                           f"{lim.max_channels + 64} fields (--max-samples, --max-channels)")  # fmt: skip
+                    raise StreamcorrError(msg)
+                rows.append(row)
+    except OSError as exc:
+        raise StreamcorrError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise StreamcorrError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a CSV file?") from None
+    except csv.Error as exc:
+        raise StreamcorrError(f"{path} is not a readable CSV file: {exc}") from None
+    header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if any(cell.strip() for cell in r)]
+    width = len(header)
+    ragged = sum(len(r) != width for r in body)
+    table = np.array([(r + [""] * width)[:width] for r in body], dtype=object).reshape(len(body), width).T  # (C, T)
+    return [(name, table[k]) for k, name in enumerate(header)], ragged
 
 
 def _decimal_commas(cells: np.ndarray) -> bool:
@@ -178,7 +233,7 @@ def _numbers(cells: np.ndarray) -> np.ndarray:
 def _matrix(args: argparse.Namespace) -> int:
     from .estimator import Estimator
 
-    table = _read_table(args.file)
+    table = _read_table(args.file, limits_from(args))
     names = list(args.columns) if args.columns else [n for n in table.names if n != table.time]
     if not args.columns and table.time is not None:
         print(f"note: column {table.time!r} is time, left out of the matrix (--columns to choose)", file=sys.stderr)
@@ -339,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("csv")
     est.add_argument("x")
     est.add_argument("y")
+    add_limit_flags(est)
     est.set_defaults(func=_estimate)
     mat = sub.add_parser("matrix", help="MI matrix of all numeric column pairs of a CSV (header row) or Parquet file")
     mat.add_argument("file")
@@ -347,6 +403,7 @@ def _parser() -> argparse.ArgumentParser:
     mat.add_argument("--window", type=int, help="rows in the window (default: to the end of the file)")
     mat.add_argument("--png", help="heatmap path (default: FILE without suffix + _mi.png)")
     mat.add_argument("--no-png", action="store_true", help="print only")
+    add_limit_flags(mat)
     mat.set_defaults(func=_matrix)
     chk = sub.add_parser("check", help="validate a configuration file and print what it sets up")
     chk.add_argument("config")

@@ -15,7 +15,7 @@ from pathlib import Path
 from .errors import InputError
 from .ingest.logs import ReadLimits
 
-__all__ = ["add_replay_commands"]
+__all__ = ["add_limit_flags", "add_replay_commands", "limits_from"]
 
 
 def add_replay_commands(sub: argparse._SubParsersAction) -> None:
@@ -46,15 +46,7 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
                     "else torch's; 1 is often fastest on a machine busy with other work)")  # fmt: skip
     rp.add_argument("--max-gap-s", type=float, help="a longer stretch without samples on any channel is skipped, "
                     "not evaluated hop by hop, and listed in replay.json (default: 4 windows)")  # fmt: skip
-    rp.add_argument("--max-samples", type=int, default=ReadLimits.max_samples,
-                    help="refuse a log with more samples, over all channels (16 bytes each in memory; default "
-                    "%(default)s)")  # fmt: skip
-    rp.add_argument("--max-channels", type=int, default=ReadLimits.max_channels,
-                    help="refuse a table with more channel columns or names; message fields beyond are left out "
-                    "and counted (default %(default)s)")  # fmt: skip
-    rp.add_argument("--max-mb", type=int, default=ReadLimits.max_mb,
-                    help="MiB that a table's columns, one MCAP record or one decompressed chunk may take "
-                    "(default %(default)s)")  # fmt: skip
+    add_limit_flags(rp)
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.set_defaults(func=_replay)
     rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
@@ -65,18 +57,35 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(func=_report)
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from .ingest.logs import open_log
-    from .settings import EngineConfig
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The reader's bounds (ingest.logs.ReadLimits) as flags."""
+    parser.add_argument("--max-samples", type=int, default=ReadLimits.max_samples,
+                        help="refuse a file with more samples (table cells), over all channels (default "
+                        "%(default)s; 16 bytes each once read)")  # fmt: skip
+    parser.add_argument("--max-channels", type=int, default=ReadLimits.max_channels,
+                        help="refuse a table with more channel columns or names; message fields beyond are left "
+                        "out and counted (default %(default)s)")  # fmt: skip
+    parser.add_argument("--max-mb", type=int, default=ReadLimits.max_mb,
+                        help="MiB that a table's columns, one MCAP record or one decompressed chunk may take "
+                        "(default %(default)s)")  # fmt: skip
 
+
+def limits_from(args: argparse.Namespace) -> ReadLimits:
     for flag, value in (("--max-samples", args.max_samples), ("--max-channels", args.max_channels),
                         ("--max-mb", args.max_mb)):  # fmt: skip
         if value < 1:
             raise InputError(f"{flag} must be at least 1; got {value}")
+    return ReadLimits(max_samples=args.max_samples, max_channels=args.max_channels, max_mb=args.max_mb)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .ingest.logs import open_log
+    from .settings import EngineConfig
+
+    limits = limits_from(args)
     for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise InputError(f"{flag} must be a finite number more than 0; got {value}")
-    limits = ReadLimits(max_samples=args.max_samples, max_channels=args.max_channels, max_mb=args.max_mb)
     rec = open_log(
         args.log,
         fmt=args.format,

@@ -69,7 +69,7 @@ class ReadLimits:
     """What reading one log may make this process hold; beyond a bound, :func:`open_log` raises InputError
     naming the ``replay`` flag that raises it."""
 
-    max_samples: int = 20_000_000  # --max-samples: over all channels (16 bytes each once read)
+    max_samples: int = 10_000_000  # --max-samples: over all channels (16 bytes each once read)
     max_channels: int = 2048  # --max-channels: table columns, long-table names, message fields
     max_mb: int = 512  # --max-mb: a table's columns in memory, one MCAP record, one decompressed chunk
 
@@ -483,12 +483,13 @@ def _parquet_bounds(p: Path, md: Any, columns: list[str], per_row: int, lim: Rea
     if md.num_rows * per_row > lim.max_samples:
         raise lim.too_many_samples(str(p))
     wanted = set(columns)
-    nbytes = md.num_rows * 8 * len(columns)  # the numbers as Arrow holds them
+    held = md.num_rows * 8 * len(columns)  # as Arrow holds them: 8 bytes a number, at most 8 a name's code
+    stored = 0  # decompressed pages, dictionaries included
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
-        nbytes += sum(rg.column(j).total_uncompressed_size for j in range(rg.num_columns)
+        stored += sum(rg.column(j).total_uncompressed_size for j in range(rg.num_columns)
                       if rg.column(j).path_in_schema in wanted)  # fmt: skip
-        if nbytes > lim.max_bytes:
+        if max(held, stored) > lim.max_bytes:
             raise InputError(f"{p}: its columns take more than {lim.max_mb} MiB in memory (--max-mb): give a "
                              "shorter log or fewer --channels, or raise --max-mb")  # fmt: skip
 
@@ -536,24 +537,34 @@ def _times_ns(col: Any, unit: str, where: str, name: str) -> tuple[np.ndarray, n
         raise InputError(f"{where}: the time column holds {col.type}, not numbers or timestamps; see --time-column")
     scale = _UNIT_NS[unit]
     raw = np.asarray(col.to_numpy(zero_copy_only=False))
-    as_float = raw.astype(np.float64)
-    finite = np.isfinite(as_float)
-    if finite.any():
-        typical = float(np.median(np.abs(as_float[finite])))
-        if typical * scale / 1e9 > MAX_TIME_S:
-            finer = [u for u in ("ms", "us", "ns") if _UNIT_NS[u] < scale and typical * _UNIT_NS[u] / 1e9 <= MAX_TIME_S]
-            hint = (f": epoch {_UNIT_NAME[finer[0]]}? pass --time-unit {finer[0]}" if finer
-                    else ": not times in any unit? see --time-column")  # fmt: skip
-            years = typical * scale / 1e9 / 3.156e7
-            raise InputError(f"{where}: time column {name!r} holds values like {typical:.6g}, which in "
-                             f"{_UNIT_NAME[unit]} (--time-unit {unit}) are {years:.3g} years after 1970"
-                             f"{hint}")  # fmt: skip
-    if pt.is_integer(col.type) and col.null_count == 0:
-        ok = np.abs(as_float) * scale <= 9.2e18
-        return np.where(ok, raw, 0).astype(np.int64) * scale, ok
-    t = as_float * scale
-    ok = np.isfinite(t) & (np.abs(t) <= 9.2e18)
-    return np.round(np.where(ok, t, 0.0)).astype(np.int64), ok
+    as_float = np.asarray(raw, dtype=np.float64)  # no copy of a float column (nulls are NaN)
+    typical = _typical(as_float)
+    if typical * scale / 1e9 > MAX_TIME_S:
+        finer = [u for u in ("ms", "us", "ns") if _UNIT_NS[u] < scale and typical * _UNIT_NS[u] / 1e9 <= MAX_TIME_S]
+        hint = (f": epoch {_UNIT_NAME[finer[0]]}? pass --time-unit {finer[0]}" if finer
+                else ": not times in any unit? see --time-column")  # fmt: skip
+        years = typical * scale / 1e9 / 3.156e7
+        raise InputError(f"{where}: time column {name!r} holds values like {typical:.6g}, which in "
+                         f"{_UNIT_NAME[unit]} (--time-unit {unit}) are {years:.3g} years after 1970"
+                         f"{hint}")  # fmt: skip
+    bound = 9.2e18 / scale
+    ok = (as_float <= bound) & (as_float >= -bound)  # False for NaN
+    exact = pt.is_integer(col.type) and col.null_count == 0
+    t_ns = np.zeros(len(as_float), dtype=np.int64)
+    for start in range(0, len(t_ns), 1 << 20):  # a block at a time: no float copy of the whole column
+        part = slice(start, start + (1 << 20))
+        if exact:
+            t_ns[part] = np.where(ok[part], raw[part], 0).astype(np.int64) * scale
+        else:
+            t_ns[part] = np.rint(np.where(ok[part], as_float[part], 0.0) * scale)
+    return t_ns, ok
+
+
+def _typical(t: np.ndarray) -> float:
+    """The median magnitude of the finite values, from at most 100,000 of them spread over the column."""
+    some = np.abs(t[:: max(1, len(t) // 100_000)])
+    some = some[np.isfinite(some)]
+    return float(np.median(some)) if len(some) else 0.0
 
 
 def _from_table(loaded: _Loaded, where: str, kind: str, spec: _TableSpec, lim: ReadLimits) -> Recording:
@@ -561,21 +572,25 @@ def _from_table(loaded: _Loaded, where: str, kind: str, spec: _TableSpec, lim: R
     loaded.tab = None
     if tab.num_rows == 0:
         raise InputError(f"{where} has a header but no data rows")
+    _release()
     rec = Recording(where, f"{'CSV' if kind == 'csv' else 'Parquet'} ({'long' if plan.long else 'wide'})", {})
     if loaded.bad_rows:
         rec.skip("rows with another number of fields than the header", loaded.bad_rows)
     t, t_ok = _times_ns(_plain(tab.column(plan.time)), spec.unit, where, plan.time)
     if (n_bad := int((~t_ok).sum())) > 0:
         rec.skip("rows without a usable time (empty, not finite, or beyond int64 nanoseconds)", n_bad)
-    if plan.long:
+    if plan.long:  # each column to numpy, then out of the table, so that a copy of one column is made at a time
+        codes, names = _channel_codes(tab.column(str(plan.channel)), where, spec.channels, lim)
         value = _plain(tab.column(str(plan.value)))
+        tab = None
         if not (_is_numeric(value.type) or str(value.type) == "null"):
             raise InputError(f"{where}: value column {plan.value!r} holds {value.type}, not numbers")
         vals = np.asarray(value.to_numpy(zero_copy_only=False), dtype=np.float64)
-        codes, names = _channel_codes(tab.column(str(plan.channel)), where, spec.channels, lim)
-        del tab, value
+        del value
+        _release()
         order = np.argsort(codes, kind="stable")  # rows of each channel together, in file order
         bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        del codes
         for k, name in enumerate(names):
             rows = order[bounds[k] : bounds[k + 1]]
             _add(rec, name, *_series(t[rows], vals[rows], t_ok[rows]))
@@ -591,6 +606,13 @@ def _from_table(loaded: _Loaded, where: str, kind: str, spec: _TableSpec, lim: R
     if skipped:
         rec.notes.append(f"columns without numbers left out: {_short(skipped)}")
     return rec
+
+
+def _release() -> None:
+    """Hand Arrow's freed buffers back to the system (its allocator keeps them otherwise)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _add(rec: Recording, name: str, s: Series, late: int) -> None:
@@ -610,15 +632,19 @@ def _channel_codes(col: Any, where: str, wanted: set[str] | None, lim: ReadLimit
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if not pt.is_dictionary(arr.type):
         arr = pc.dictionary_encode(arr if _is_text(arr.type) else pc.cast(arr, pa.string()))
-    idx = pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False).astype(np.int32)
-    present = idx[idx >= 0]
-    used, first = np.unique(present, return_index=True)
-    del present
-    used = used[np.argsort(first, kind="stable")]
+    idx = np.asarray(pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False), dtype=np.int32)
+    first = np.full(len(arr.dictionary), len(idx), dtype=np.int64)  # each code's first row, a block at a time
+    for start in range(0, len(idx), 1 << 20):
+        block = idx[start : start + (1 << 20)]
+        codes_here, at = np.unique(block, return_index=True)
+        keep = codes_here >= 0
+        np.minimum.at(first, codes_here[keep], at[keep] + start)
+    used = np.flatnonzero(first < len(idx))
+    used = used[np.argsort(first[used], kind="stable")]
     if wanted is None and len(used) > lim.max_channels:
         raise InputError(f"{where} names {len(used):,} channels, more than --max-channels ({lim.max_channels:,}): "
                          "pick some with --channels, or raise --max-channels")  # fmt: skip
-    lut = np.full(len(arr.dictionary), -1, dtype=np.int32)
+    lut = np.full(len(arr.dictionary) + 1, -1, dtype=np.int32)  # the last entry is code -1's: no channel
     names: list[str] = []
     index: dict[str, int] = {}
     for code, value in zip(used.tolist(), arr.dictionary.take(pa.array(used)).to_pylist(), strict=True):
@@ -631,8 +657,7 @@ def _channel_codes(col: Any, where: str, wanted: set[str] | None, lim: ReadLimit
         lut[code] = index[name]
     if len(names) > lim.max_channels:
         raise InputError(f"{where}: more than --max-channels ({lim.max_channels:,}) channels chosen")
-    codes = np.where(idx >= 0, lut[np.maximum(idx, 0)], -1).astype(np.int32)
-    return codes, names
+    return lut[idx], names
 
 
 # -- messages ------------------------------------------------------------------------------------------
