@@ -843,15 +843,21 @@ class _McapLog:
             self.out.skip("damaged records skipped")
 
     def _chunk(self, body: bytes, pos: int) -> None:
+        # start, end, uncompressed size, crc, compression, records: parsed in place (the records not copied)
         try:
-            chunk = self._parse(self.records.Chunk, body)
-        except Exception:
+            (size,) = struct.unpack_from("<Q", body, 16)
+            (n,) = struct.unpack_from("<I", body, 28)
+            compression = body[32 : 32 + n].decode()
+            (length,) = struct.unpack_from("<Q", body, 32 + n)
+            if 40 + n + length > len(body):
+                raise ValueError("records past the chunk")
+        except (struct.error, UnicodeDecodeError, ValueError):
             self.out.skip("damaged chunks skipped")
             return
-        if chunk.uncompressed_size > self.lim.max_bytes:
-            raise InputError(f"{self.p}: a chunk at byte {pos:,} decompresses to {chunk.uncompressed_size >> 20:,} "
-                             f"MiB, more than --max-mb ({self.lim.max_mb}) allows: raise --max-mb")  # fmt: skip
-        data = self._inflate(chunk)
+        if size > self.lim.max_bytes:
+            raise InputError(f"{self.p}: a chunk at byte {pos:,} decompresses to {size >> 20:,} MiB, more than "
+                             f"--max-mb ({self.lim.max_mb}) allows: raise --max-mb")  # fmt: skip
+        data = self._inflate(compression, memoryview(body)[40 + n : 40 + n + length], size)
         if data is None:
             self.out.skip("damaged chunks skipped")
             return
@@ -861,34 +867,32 @@ class _McapLog:
             if at + 9 + length > len(data):
                 self.out.skip("damaged records skipped")
                 return
-            self._record(opcode, data[at + 9 : at + 9 + length])
+            self._record(opcode, bytes(data[at + 9 : at + 9 + length]))
             at += 9 + length
 
-    def _inflate(self, chunk: Any) -> bytes | None:
-        """The chunk's records, at most its declared size (None: damaged, or another size than declared)."""
-        size = int(chunk.uncompressed_size)
+    def _inflate(self, compression: str, packed: memoryview, size: int) -> memoryview | bytes | None:
+        """The chunk's records, at most their declared size (None: damaged, or another size than declared)."""
         try:
-            if chunk.compression == "":
-                data = chunk.data
-            elif chunk.compression == "zstd":
+            if compression == "":
+                data: memoryview | bytes = packed
+            elif compression == "zstd":
                 zstd = _need("zstandard", "zstandard")
-                reader = zstd.ZstdDecompressor().stream_reader(io.BytesIO(chunk.data))
-                parts, got = [], 0
-                while got <= size and (part := reader.read(min(1 << 20, size + 1 - got))):
-                    parts.append(part)
-                    got += len(part)
-                data = b"".join(parts)
-            elif chunk.compression == "lz4":
+                reader = zstd.ZstdDecompressor().stream_reader(packed)
+                out = bytearray()
+                while len(out) <= size and (part := reader.read(min(1 << 20, size + 1 - len(out)))):
+                    out += part
+                data = memoryview(out)
+            elif compression == "lz4":
                 lz4 = _need("lz4.frame", "lz4")
-                data = lz4.LZ4FrameDecompressor().decompress(chunk.data, max_length=size + 1)
+                data = lz4.LZ4FrameDecompressor().decompress(packed, max_length=size + 1)
             else:
-                self.out.skip(f"chunks with unknown compression {chunk.compression[:40]!r} skipped")
+                self.out.skip(f"chunks with unknown compression {compression[:40]!r} skipped")
                 return None
         except InputError:
             raise
         except Exception:
             return None
-        return bytes(data) if len(data) == size else None
+        return data if len(data) == size else None
 
     def _message(self, channel_id: int, log_time: int, data: bytes) -> None:
         channel = self.channels.get(channel_id)
