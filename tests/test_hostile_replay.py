@@ -98,13 +98,16 @@ def test_epoch_times_in_a_finer_unit_than_read_get_a_named_error(tmp_path, capsy
 
 
 def test_parquet_times_beyond_int64_nanoseconds_are_left_out_and_counted(tmp_path, capsys):
-    """A uint64 time of 2**64 - 1 ms among ordinary ones: that row is left out and counted, the rest read."""
+    """A uint64 time of 2**64 - 1 ms, or a timestamp[ms] of 2**63 - 1, among ordinary ones: that row is left
+    out and counted, the rest read."""
     t = np.arange(100, dtype=np.uint64) * 100
     t[50] = 2**64 - 1
+    stamps = pa.array(np.where(np.arange(100) == 50, 2**63 - 1, np.arange(100) * 100)).cast(pa.timestamp("ms"))
     pq.write_table(pa.table({"t": pa.array(t, pa.uint64()), "x": np.arange(100.0)}), tmp_path / "t.parquet")
-    rec = open_log(tmp_path / "t.parquet", time_unit="ms")
-    assert len(rec.series["x"].t_ns) == 99 and rec.t_end == 9.9
-    assert rec.skipped == {"rows without a usable time (empty, not finite, or beyond int64 nanoseconds)": 1}
+    pq.write_table(pa.table({"t": stamps, "x": np.arange(100.0)}), tmp_path / "ts.parquet")
+    for rec in (open_log(tmp_path / "t.parquet", time_unit="ms"), open_log(tmp_path / "ts.parquet")):
+        assert len(rec.series["x"].t_ns) == 99 and rec.t_end == 9.9
+        assert rec.skipped == {"rows without a usable time (empty, not finite, or beyond int64 nanoseconds)": 1}
 
 
 # -- class 2: links ---------------------------------------------------------------------------------------

@@ -310,19 +310,25 @@ def _times_ns(col: Any, unit: str, where: str, name: str) -> tuple[np.ndarray, n
     missing, non-finite or out-of-range stamp is not usable (its row is left out). Numbers that would put
     the samples past MAX_TIME_S in ``unit`` are refused, naming the unit they look like."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.types as pt
 
-    if pt.is_timestamp(col.type) or pt.is_date(col.type):
-        ns = col.cast(pa.timestamp("ns")).cast(pa.int64()).to_numpy(zero_copy_only=False)
-        arr = np.asarray(ns, dtype=np.float64)  # nulls come back as NaN
-        ok = np.isfinite(arr)
-        return np.where(ok, np.nan_to_num(arr), 0).astype(np.int64), ok
-    if not (pt.is_integer(col.type) or pt.is_floating(col.type)):
+    stamped = pt.is_timestamp(col.type) or pt.is_date(col.type)
+    if pt.is_date32(col.type):  # days
+        col, scale = col.cast(pa.int32()), 86_400 * 10**9
+    elif pt.is_date64(col.type):  # milliseconds
+        col, scale = col.cast(pa.int64()), 10**6
+    elif pt.is_timestamp(col.type):  # integers in the type's unit: no cast to ns that could overflow
+        col, scale = col.cast(pa.int64()), UNITS[col.type.unit]
+    elif pt.is_integer(col.type) or pt.is_floating(col.type):
+        scale = UNITS[unit]
+    else:
         raise InputError(f"{where}: the time column holds {col.type}, not numbers or timestamps; see --time-column")
-    scale = UNITS[unit]
-    raw = np.asarray(col.to_numpy(zero_copy_only=False))
-    as_float = np.asarray(raw, dtype=np.float64)  # no copy of a float column (nulls are NaN)
-    typical = _typical(as_float)
+    exact = pt.is_integer(col.type)
+    valid = pc.is_valid(col).to_numpy(zero_copy_only=False) if col.null_count else None
+    raw = np.asarray((pc.fill_null(col, 0) if exact and col.null_count else col).to_numpy(zero_copy_only=False))
+    as_float = np.asarray(raw, dtype=np.float64)  # no copy of a float column (its nulls are NaN)
+    typical = 0.0 if stamped else _typical(as_float)
     if typical * scale / 1e9 > MAX_TIME_S:
         finer = [u for u in ("ms", "us", "ns") if UNITS[u] < scale and typical * UNITS[u] / 1e9 <= MAX_TIME_S]
         hint = (f": epoch {_UNIT_NAME[finer[0]]}? pass --time-unit {finer[0]}" if finer
@@ -333,7 +339,8 @@ def _times_ns(col: Any, unit: str, where: str, name: str) -> tuple[np.ndarray, n
                          f"{hint}")  # fmt: skip
     bound = 9.2e18 / scale
     ok = (as_float <= bound) & (as_float >= -bound)  # False for NaN
-    exact = pt.is_integer(col.type) and col.null_count == 0
+    if valid is not None:
+        ok &= valid
     t_ns = np.zeros(len(as_float), dtype=np.int64)
     for start in range(0, len(t_ns), 1 << 20):  # a block at a time: no float copy of the whole column
         part = slice(start, start + (1 << 20))
