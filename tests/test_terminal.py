@@ -125,6 +125,22 @@ def test_view_prints_lines_when_not_a_terminal():
     assert len(view.events) == 3 and view.events_seen == 6
 
 
+def test_initial_verdicts_are_marked_as_such():
+    """A became-dependent event with initial=True (dependent when first assessed, not an onset) is marked in the
+    printed line and in the events table; an onset is not."""
+    np.random.default_rng(8)  # nothing random here; seeded by convention
+    onset = ChangeEvent(("a0", "a1"), 0.02, 1.73, int(50e9), "became-dependent")
+    verdict = ChangeEvent(("a2", "a3"), 0.0, 0.9, int(11e9), "became-dependent", initial=True)
+    buf = io.StringIO()
+    with TerminalView(Console(file=buf, width=200)) as view:
+        view.update(event=onset)
+        view.update(event=verdict)
+    first, second = [line for line in buf.getvalue().splitlines() if line.startswith("event ")]
+    assert "initial" not in first and "a2~a3" in second and "(initial" in second
+    table = _text(render(None, [verdict, onset], {}))
+    assert "became-dependent (initial)" in table and table.count("(initial)") == 1
+
+
 def test_live_view_redraws_at_most_refresh_hz():
     """On a terminal, a burst of updates is drawn at most refresh_hz times a second, and the final state is drawn
     on exit."""

@@ -179,7 +179,7 @@ def _events_table(events: Iterable[ChangeEvent], limit: int) -> Table:
         style = _EVENT_STYLE.get(ev.kind, "")
         table.add_row(
             f"{ev.t_ns / 1e9:.1f}",
-            Text(ev.kind, style=style),
+            Text(ev.kind + (" (initial)" if ev.initial else ""), style=style),
             f"{ev.pair[0]} ~ {ev.pair[1]}",
             f"{ev.previous:.2f} → {ev.current:.2f}",
         )
@@ -368,6 +368,8 @@ class TerminalView:
         t = Text(f"event t={ev.t_ns / 1e9:.1f}s ")
         t.append(f"{_EVENT_MARK.get(ev.kind, ev.kind)} {ev.kind}", style=_EVENT_STYLE.get(ev.kind, ""))
         t.append(f" {ev.pair[0]}~{ev.pair[1]} {ev.previous:.2f}->{ev.current:.2f}")
+        if ev.initial:
+            t.append(" (initial: dependent when first assessed)", style="dim")
         return t
 
     async def run(
