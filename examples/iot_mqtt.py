@@ -3,14 +3,17 @@
 Four devices each report ``temp`` (degC), ``humidity`` (%RH), ``power`` (W) and ``fan_rpm`` once a second as a
 JSON object on ``<site>/<device>``:
 
-- ``lab-1`` and ``lab-2`` stand in the same room as a heater whose output changes from second to second (a
-  PWM thermostat), so their temperatures share a common cause although neither device affects the other;
-- ``office`` and ``hall`` are in other rooms, each with its own independent load.
+- ``lab-1`` and ``lab-2`` stand in the same room as a heater whose output a thermostat moves every few seconds,
+  so their temperatures share a common cause although neither device affects the other;
+- ``office`` and ``hall`` are in other rooms, each with its own independent heat load.
 
-Inside each device the channels are coupled the way real hardware couples them, mostly non-linearly: relative
-humidity falls exponentially as the air warms, a fan controller sets the fan speed from the temperature, and the
-fan's power draw grows with the cube of its speed (the fan affinity law). The devices are not synchronised:
-each samples at its own phase within the second, and the engine aligns them on a 1 Hz common clock.
+The signals are smooth, as room air is: each room's heat input wanders over about 3 s and the air at a
+device follows it with a 2 s lag, so a minute of readings holds far fewer independent samples than readings
+(the engine judges each pair at its effective sample size). Inside each device the channels are coupled the way
+real hardware couples them, mostly non-linearly: relative humidity falls exponentially as the air warms, a fan
+controller sets the fan speed from the temperature, and the fan's power draw grows with the cube of its speed
+(the fan affinity law). The devices keep their own clocks: each samples at its own phase within the second,
+with stamp jitter of 20 ms, and the engine puts each reading on the nearest tick of its 1 Hz clock.
 
 Halfway through, ``lab-2``'s fan fails: its tachometer reads only noise around zero, its power draw no longer
 follows the fan, and the device slowly warms up.
@@ -72,6 +75,7 @@ DEVICES: dict[str, tuple[str, float, float]] = {
     "office": ("office", 0.3, 21.0),
     "hall": ("hall", 0.8, 19.0),
 }
+JITTER_S = 0.02  # each device's stamp jitter (standard deviation, clipped at three)
 FAILING = "lab-2"
 FAN_PAIR = ("lab-2.temp", "lab-2.fan_rpm")  # engine order: channels are listed device by device
 COMMON_CAUSE_PAIR = ("lab-1.temp", "lab-2.temp")
@@ -80,35 +84,63 @@ TOP_CROSS = 5
 
 
 class Site:
-    """The simulated devices: ``readings(k)`` gives every device's sample for second k, ``{device: {field: x}}``.
+    """The simulated devices: ``readings(k)`` gives every device's reading for second k of device time,
+    ``{device: (t_s, {field: x})}``, with t_s the device's own stamp (seconds since the start).
 
     >>> site = Site(np.random.default_rng(0), fail_at_s=10.0)
-    >>> r = site.readings(0)
-    >>> sorted(r) == sorted(DEVICES), sorted(r["lab-1"]) == sorted(FIELDS)
-    (True, True)
+    >>> r = site.readings(1)
+    >>> sorted(r) == sorted(DEVICES), sorted(r["lab-1"][1]) == sorted(FIELDS), 0.3 < r["lab-2"][0] < 0.5
+    (True, True, True)
     """
+
+    STEPS_PER_S = 10  # physics steps per second: each device reads the air at its own instant
 
     def __init__(self, rng: np.random.Generator, fail_at_s: float) -> None:
         self.rng = rng
         self.fail_at_s = fail_at_s
-        self.load = dict.fromkeys(("lab", "office", "hall"), 0.0)  # each room's heat input, AR(1), unit variance
+        dt = 1.0 / self.STEPS_PER_S
+        self.phi_heat, self.phi_air = np.exp(-dt / 3.0), np.exp(-dt / 2.0)  # heat input 3 s, air at a device 2 s
+        rooms = ("lab", "office", "hall")
+        self.heat = dict.fromkeys(rooms, 0.0)  # each room's heat input, AR(1), unit variance
+        self.air = {device: 0.0 for device in DEVICES}  # the air at each device, lagging its room's heat input
 
-    def readings(self, k: int) -> dict[str, dict[str, float]]:
-        for room, prev in self.load.items():
-            self.load[room] = 0.3 * prev + float(self.rng.normal(0.0, np.sqrt(1 - 0.3**2)))
+    def _advance(self) -> dict[str, np.ndarray]:
+        """One second of physics: the air at each device, (STEPS_PER_S,), for the steps ending at the second."""
+        n = self.STEPS_PER_S
+        noise = self.rng.normal(0.0, np.sqrt(1 - self.phi_heat**2), (len(self.heat), n))
         out = {}
-        for device, (room, _, base) in DEVICES.items():
+        heat = {}
+        for (room, prev), e in zip(self.heat.items(), noise, strict=True):
+            h = np.empty(n)
+            for k in range(n):
+                prev = self.phi_heat * prev + e[k]
+                h[k] = prev
+            self.heat[room], heat[room] = prev, h
+        for device, (room, _, _) in DEVICES.items():
+            a, prev = np.empty(n), self.air[device]
+            for k in range(n):
+                prev = self.phi_air * prev + (1 - self.phi_air) * heat[room][k]
+                a[k] = prev
+            self.air[device], out[device] = prev, a
+        return out
+
+    def readings(self, k: int) -> dict[str, tuple[float, dict[str, float]]]:
+        air = self._advance()
+        out = {}
+        for device, (_, phase, base) in DEVICES.items():
+            step = self.STEPS_PER_S - 1 - round(phase * self.STEPS_PER_S)  # the device's instant in this second
             failed = device == FAILING and k >= self.fail_at_s
             warming = 2.0 * (1 - np.exp(-(k - self.fail_at_s) / 60.0)) if failed else 0.0  # no cooling any more
-            n = self.rng.normal(0.0, 1.0, 4)
-            temp = base + 1.5 * self.load[room] + warming + 0.4 * n[0]
+            n = self.rng.normal(0.0, 1.0, 5)
+            temp = base + 2.5 * air[device][step] + warming + 0.2 * n[0]
             humidity = 60.0 * np.exp(-0.07 * (temp - 20.0)) + 0.8 * n[1]
             if failed:
                 rpm = abs(15.0 * n[2])  # the tachometer's noise floor
             else:
                 rpm = float(np.clip(1200.0 + 350.0 * (temp - base), 300.0, 3000.0)) + 25.0 * n[2]
             power = 40.0 + 60.0 * (rpm / 2000.0) ** 3 + 1.0 * n[3]
-            out[device] = {"temp": temp, "humidity": humidity, "power": power, "fan_rpm": rpm}
+            t_s = k - phase + JITTER_S * float(np.clip(n[4], -3, 3))
+            out[device] = (t_s, {"temp": temp, "humidity": humidity, "power": power, "fan_rpm": rpm})
         return out
 
 
@@ -182,8 +214,8 @@ async def _publish(
     max_lag_s = (WINDOW / 2 + 2 * HOP) / RATE_HZ
     async with aiomqtt.Client(host, port, identifier=f"iot-sim-{uuid.uuid4().hex[:8]}") as client:
         for k in range(1, int(seconds * RATE_HZ) + 1):
-            for device, fields in site.readings(k).items():
-                t = t0_s + k / RATE_HZ - DEVICES[device][1]  # each device samples at its own phase
+            for device, (t_s, fields) in site.readings(k).items():
+                t = t0_s + t_s  # each device stamps its reading on its own clock
                 payload = {"t": round(t, 3), "seq": k, **{f: round(v, 3) for f, v in fields.items()}}
                 await client.publish(f"{site_name}/{device}", json.dumps(payload), qos=1)
                 sent += 1

@@ -6,23 +6,29 @@ A mobile robot carries three IMUs (accelerometer ax, ay, az in m/s^2 and gyro gx
 - ``arm`` on a rigid arm 0.5 m out from the yaw axis;
 - ``tool`` on a tool clamped 0.8 m out on the same arm.
 
-The robot runs a random excitation manoeuvre (as in a calibration run: yaw rate and forward acceleration change
-every few tens of milliseconds), so a few seconds of data hold hundreds of nearly independent samples. The
-kinematics couple the axes: every IMU that is rigidly mounted sees the chassis' yaw rate on its gz axis and its
-forward acceleration on ax, and the off-axis IMUs see the centripetal acceleration ``-r * omega^2`` on ay. That
-last coupling is non-linear and symmetric in omega, so Pearson's correlation with the gyro is about zero while
-the mutual information is large. (The tangential term ``r * d(omega)/dt`` is left out to keep the model small.)
-Roll and pitch gyros and the vertical accelerometers see only their own sensor noise.
+The robot drives a smooth random manoeuvre: its yaw rate and forward acceleration are band-limited (white noise
+through two first-order stages of 0.15 and 0.2 s), as a planner's commands are. The kinematics couple the axes:
+every IMU that is rigidly mounted sees the chassis' yaw rate on its gz axis and its forward acceleration on ax,
+and the off-axis IMUs see the centripetal acceleration ``-r * omega^2`` on ay. That last coupling is non-linear
+and symmetric in omega, so Pearson's correlation with the gyro is about zero while the mutual information is
+large. (The tangential term ``r * d(omega)/dt`` is left out to keep the model small.) Roll and pitch gyros and
+the vertical accelerometers see only their own sensor noise.
 
-Halfway through, the tool's clamp breaks: the tool hangs from its cable and swings on its own, so its three
-coupled axes stop following the chassis.
+Each IMU keeps its own clock: it samples at its own phase within the 10 ms period, a few milliseconds before or
+after the engine's tick, and its stamps jitter by a fraction of a millisecond; its six channels share its stamps.
+The engine puts each sample on its nearest tick. Smooth signals hold fewer independent samples per window than
+ticks; the engine judges each pair at its effective sample size.
 
-The script runs a streamcorr ``Daemon`` in-process with a ZeroMQ PULL source and a ZeroMQ PUB output, PUSHes the
-IMU frames to it as msgpack chunks (one message per 100 ms of robot time, with explicit timestamps), and reads
-the results back with a ``Subscriber`` on the daemon's output: it prints the change events as they arrive and,
-at the end, the strongest pairs of the latest snapshot. Robot time runs ``--speed`` times faster than the wall
-clock. Sends are paced like a live sensor's, so that no window is overwritten in the engine's ring buffers before
-it is evaluated; when the engine is still busy with one window it moves on to the newest (the skips are counted).
+Halfway through, the tool's clamp breaks: the tool hangs from its cable and swings on its own (a lightly damped
+pendulum at about 1.2 Hz), so its three coupled axes stop following the chassis.
+
+The script runs a streamcorr ``Daemon`` in-process with a ZeroMQ PULL source and a ZeroMQ PUB output, PUSHes
+each IMU's samples to it as msgpack chunks with explicit timestamps (one message per IMU per 100 ms of robot
+time, on topic ``robot/<imu>``), and reads the results back with a ``Subscriber`` on the daemon's output: it
+prints the change events as they arrive and, at the end, the strongest pairs of the latest snapshot. Robot time
+runs ``--speed`` times faster than the wall clock. Sends are paced like a live sensor's, so that no window is
+overwritten in the engine's ring buffers before it is evaluated; when the engine is still busy with one window
+it moves on to the newest (the skips are counted).
 
 Run: ``python examples/robot_imu_zmq.py [--seconds 40] [--speed 5]``. Exit code 0 when the break was detected
 (a "became-independent" event between the tool's gyro and a rigidly mounted gyro after the break) and the
@@ -45,6 +51,7 @@ import msgpack
 import numpy as np
 import zmq
 import zmq.asyncio
+from scipy.signal import lfilter
 
 from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
@@ -53,17 +60,16 @@ from streamcorr.errors import StreamcorrError
 from streamcorr.matrix import Snapshot
 from streamcorr.publish.subscriber import Subscriber
 
-RATE_HZ = 100.0
-CHUNK = 10  # samples per message: 100 ms of robot time
+RATE_HZ = 100.0  # the engine's clock, and each IMU's nominal rate
+CHUNK = 10  # ticks per message: 100 ms of robot time
 IMUS = ("body", "arm", "tool")
 AXES = ("ax", "ay", "az", "gx", "gy", "gz")
 CHANNELS = tuple(f"{imu}.{axis}" for imu in IMUS for axis in AXES)
 RADIUS_M = {"body": 0.0, "arm": 0.5, "tool": 0.8}  # distance from the yaw axis
+# Each IMU's clock: (phase, jitter), in periods. Its sample m is taken at (m + phase) / RATE_HZ and stamped with
+# jitter of that standard deviation (clipped at three); |phase| + 3 jitter < 0.5 keeps each on its nearest tick.
+IMU_CLOCK = {"body": (-0.25, 0.02), "arm": (0.15, 0.03), "tool": (0.33, 0.03)}
 G = 9.81
-# The IMU hub's clock is not locked to the engine's 100 Hz grid: each sample is taken a quarter period before a tick
-# and held for it, as with a real free-running sensor. (Samples stamped exactly on the ticks work too: the engine
-# counts a sample up to 1 us after a tick as on it, since float64 Unix seconds resolve only ~0.24 us.)
-PHASE_S = -0.25 / RATE_HZ
 WINDOW = 512  # samples: 5.12 s of robot time
 HOP = 100  # samples: one evaluation per second of robot time
 # What the final check looks for: the rigid gyro pair and a centripetal (omega^2) pair stay coupled ...
@@ -73,51 +79,88 @@ CENTRIPETAL_PAIR = ("body.gz", "arm.ay")
 BROKEN_PAIRS = (("body.gz", "tool.gz"), ("arm.gz", "tool.gz"))
 
 
+class _Smooth:
+    """White noise through the filter b / a, scaled to a stationary std, run over consecutive blocks (the filter's
+    state carries over)."""
+
+    def __init__(self, b: np.ndarray, a: np.ndarray, std: float) -> None:
+        impulse = lfilter(b, a, np.r_[1.0, np.zeros(20_000)])
+        self.b, self.a = b * std / np.sqrt(np.sum(impulse**2)), a
+        self.zi = np.zeros(max(len(a), len(b)) - 1)
+
+    def __call__(self, e: np.ndarray) -> np.ndarray:
+        y, self.zi = lfilter(self.b, self.a, e, zi=self.zi)
+        return y
+
+
+def _band_limited(tau_s: float, dt_s: float, std: float) -> _Smooth:
+    """Two first-order stages of time constant tau_s: a smooth random signal."""
+    phi = np.exp(-dt_s / tau_s)
+    return _Smooth(np.array([(1 - phi) ** 2]), np.convolve([1.0, -phi], [1.0, -phi]), std)
+
+
+def _pendulum(f_hz: float, damping: float, dt_s: float, std: float) -> _Smooth:
+    """A lightly damped oscillator at f_hz (AR(2)): a swinging body."""
+    r, w = np.exp(-damping * 2 * np.pi * f_hz * dt_s), 2 * np.pi * f_hz * dt_s
+    return _Smooth(np.array([1.0]), np.array([1.0, -2 * r * np.cos(w), r * r]), std)
+
+
 class Robot:
-    """The simulated robot: ``frames(n)`` returns the next n samples of every channel, ``{channel: (n,)}``.
+    """The simulated robot: ``frames(n)`` returns the next n ticks of robot time as each IMU sampled them,
+    ``{imu: (stamps in s (m,), {channel: (m,)})}``, stamps on the IMU's own clock.
 
     >>> robot = Robot(np.random.default_rng(0), break_at_s=1.0)
     >>> chunk = robot.frames(10)
-    >>> sorted(chunk) == sorted(CHANNELS), chunk["body.az"].shape
-    (True, (10,))
+    >>> sorted(chunk) == sorted(IMUS), sorted(chunk["arm"][1]) == sorted(c for c in CHANNELS if "arm" in c)
+    (True, True)
+    >>> t, values = chunk["body"]
+    >>> len(t), values["body.az"].shape, bool(np.all(np.diff(t) > 0))
+    (10, (10,), True)
     """
+
+    SUBSTEPS = 4  # physics steps per tick: the IMUs sample between the ticks
 
     def __init__(self, rng: np.random.Generator, break_at_s: float) -> None:
         self.rng = rng
         self.break_at_s = break_at_s
-        self.k = 0  # samples produced so far
-        self.omega = 0.0  # chassis yaw rate, rad/s
-        self.acc = 0.0  # chassis forward acceleration, m/s^2
-        self.swing = 0.0  # the loose tool's own yaw rate, rad/s
+        self.k = 0  # ticks simulated so far
+        self.next_sample = dict.fromkeys(IMUS, 0)  # each IMU's next sample index
+        h = 1.0 / (RATE_HZ * self.SUBSTEPS)
+        self.h = h
+        self.omega = _band_limited(0.15, h, 1.0)  # chassis yaw rate, rad/s
+        self.acc = _band_limited(0.2, h, 0.6)  # chassis forward acceleration, m/s^2
+        self.swing = _pendulum(1.2, 0.08, h, 1.0)  # the loose tool's own yaw rate, rad/s
 
-    def _ar1(self, prev: float, n: int, phi: float, std: float) -> np.ndarray:
-        """n steps of a fast AR(1) excitation with stationary standard deviation std."""
-        out = np.empty(n)
-        innov = self.rng.normal(0.0, std * np.sqrt(1 - phi**2), n)
-        for k in range(n):
-            prev = phi * prev + innov[k]
-            out[k] = prev
-        return out
-
-    def frames(self, n: int) -> dict[str, np.ndarray]:
-        omega = self._ar1(self.omega, n, phi=0.5, std=1.0)
-        acc = self._ar1(self.acc, n, phi=0.5, std=0.6)
-        swing = self._ar1(self.swing, n, phi=0.5, std=1.0)
-        self.omega, self.acc, self.swing = float(omega[-1]), float(acc[-1]), float(swing[-1])
-        t_s = (self.k + np.arange(n)) / RATE_HZ
-        self.k += n
-        loose = t_s >= self.break_at_s  # (n,) samples after the clamp broke
-        out: dict[str, np.ndarray] = {}
+    def frames(self, n: int) -> dict[str, tuple[np.ndarray, dict[str, np.ndarray]]]:
+        s0, steps = self.k * self.SUBSTEPS, n * self.SUBSTEPS
+        e = self.rng.standard_normal((3, steps))
+        omega, acc, swing = self.omega(e[0]), self.acc(e[1]), self.swing(e[2])
+        t_s = (s0 + np.arange(steps)) * self.h
+        loose = t_s >= self.break_at_s  # physics steps after the clamp broke
+        out = {}
         for imu in IMUS:
-            rate = np.where(loose, swing, omega) if imu == "tool" else omega
-            fwd = np.where(loose, 0.0, acc) if imu == "tool" else acc
-            noise = self.rng.normal(0.0, 1.0, (6, n))
-            out[f"{imu}.ax"] = fwd + 0.1 * noise[0]
-            out[f"{imu}.ay"] = -RADIUS_M[imu] * rate**2 + 0.1 * noise[1]  # centripetal, toward the yaw axis
-            out[f"{imu}.az"] = G + 0.05 * noise[2]
-            out[f"{imu}.gx"] = 0.02 * noise[3]  # flat floor: roll and pitch rates are sensor noise
-            out[f"{imu}.gy"] = 0.02 * noise[4]
-            out[f"{imu}.gz"] = rate + 0.1 * noise[5]
+            phase, jitter = IMU_CLOCK[imu]
+            first = self.next_sample[imu]
+            m = np.arange(first, max(first, int(np.ceil(self.k + n - phase))))
+            m = m[m + phase >= 0]
+            self.next_sample[imu] = int(m[-1]) + 1 if len(m) else first
+            idx = np.floor((m + phase) * self.SUBSTEPS).astype(int) - s0  # the physics step each sample sees
+            rate = np.where(loose, swing, omega)[idx] if imu == "tool" else omega[idx]
+            fwd = np.where(loose, 0.0, acc)[idx] if imu == "tool" else acc[idx]
+            noise = self.rng.normal(0.0, 1.0, (7, len(m)))
+            stamps = (m + phase + jitter * np.clip(noise[6], -3, 3)) / RATE_HZ
+            out[imu] = (
+                stamps,
+                {
+                    f"{imu}.ax": fwd + 0.1 * noise[0],
+                    f"{imu}.ay": -RADIUS_M[imu] * rate**2 + 0.1 * noise[1],  # centripetal, toward the yaw axis
+                    f"{imu}.az": G + 0.05 * noise[2],
+                    f"{imu}.gx": 0.02 * noise[3],  # flat floor: roll and pitch rates are sensor noise
+                    f"{imu}.gy": 0.02 * noise[4],
+                    f"{imu}.gz": rate + 0.1 * noise[5],
+                },
+            )
+        self.k += n
         return out
 
 
@@ -193,7 +236,8 @@ async def _wait_until_up(daemon: Daemon, run: asyncio.Task[None], timeout_s: flo
 async def _publish(
     push: zmq.asyncio.Socket, robot: Robot, seconds: float, speed: float, t0_s: float, evaluated_s: Any
 ) -> int:
-    """PUSH the robot's frames as msgpack chunks, paced at `speed` x real time; returns messages sent.
+    """PUSH each IMU's samples as msgpack chunks with their stamps, paced at `speed` x real time; returns messages
+    sent.
 
     Robot time may outrun this machine's engine (its first hop also compiles kernels): the robot waits while the
     newest evaluated window (``evaluated_s()``, stream seconds) is more than a few hops behind, as a replay would.
@@ -201,22 +245,22 @@ async def _publish(
     loop = asyncio.get_running_loop()
     start = loop.time()
     max_lag_s = (WINDOW / 2 + 2 * HOP) / RATE_HZ
-    n_msgs = int(seconds * RATE_HZ) // CHUNK
-    for m in range(n_msgs):
-        frames = robot.frames(CHUNK)
-        chunk = {
-            "t0": t0_s + PHASE_S + m * CHUNK / RATE_HZ,
-            "dt": 1.0 / RATE_HZ,
-            "seq": m,  # lets the daemon count lost messages
-            "channels": {name: v.astype("<f8").tobytes() for name, v in frames.items()},  # float64 bins
-        }
-        await push.send_multipart([b"robot", msgpack.packb(chunk)])
+    n_chunks = int(seconds * RATE_HZ) // CHUNK
+    for m in range(n_chunks):
+        for imu, (stamps, values) in robot.frames(CHUNK).items():
+            chunk = {
+                "t": (t0_s + stamps).astype("<f8").tobytes(),  # the IMU's own clock, float64 bins
+                "seq": m,  # per topic: lets the daemon count lost messages
+                "channels": {name: v.astype("<f8").tobytes() for name, v in values.items()},
+            }
+            await push.send_multipart([f"robot/{imu}".encode(), msgpack.packb(chunk)])
         await asyncio.sleep(max(0.0, start + (m + 1) * CHUNK / RATE_HZ / speed - loop.time()))
         sent_s = (m + 1) * CHUNK / RATE_HZ
         if sent_s > (WINDOW + 2 * HOP) / RATE_HZ:
             while t0_s + sent_s - evaluated_s() > max_lag_s:
                 await asyncio.sleep(0.01)
                 start += 0.01  # pacing resumes from here
+    n_msgs = n_chunks * len(IMUS)
     return n_msgs
 
 
