@@ -159,9 +159,9 @@ def _message(cid: int, t_ns: int, data: bytes) -> bytes:
     return _rec(0x05, struct.pack("<HIQQ", cid, 0, t_ns, t_ns) + data)
 
 
-def _zstd_bomb(path: Path, size: int, declared: int | None = None) -> None:
-    """An MCAP whose one zstd chunk holds a message of ``size`` zero bytes; the chunk declares ``declared``
-    bytes (default: the truth)."""
+def _zstd_chunk(size: int, declared: int | None = None) -> bytes:
+    """A zstd chunk record holding a message of ``size`` zero bytes (a multiple of 8 MiB); it declares
+    ``declared`` bytes (default: the truth)."""
     import zstandard
 
     inner = _json_channel(1, "/big") + struct.pack("<BQ", 0x05, size + 22) + struct.pack("<HIQQ", 1, 0, 1, 1)
@@ -173,8 +173,11 @@ def _zstd_bomb(path: Path, size: int, declared: int | None = None) -> None:
     parts.append(z.flush())
     data = b"".join(parts)
     declared = len(inner) + size if declared is None else declared
-    body = struct.pack("<QQQI", 1, 1, declared, 0) + _s("zstd") + struct.pack("<Q", len(data)) + data
-    path.write_bytes(_mcap([_rec(0x06, body)]))
+    return _rec(0x06, struct.pack("<QQQI", 1, 1, declared, 0) + _s("zstd") + struct.pack("<Q", len(data)) + data)
+
+
+def _zstd_bomb(path: Path, size: int, declared: int | None = None) -> None:
+    path.write_bytes(_mcap([_zstd_chunk(size, declared)]))
 
 
 def test_small_hostile_files_are_refused_within_a_gigabyte_with_the_flag_to_raise(tmp_path):
@@ -230,7 +233,8 @@ def test_a_burst_of_samples_nanoseconds_apart_gets_capped_buffers_not_gigabytes(
 
 def test_limits_hold_in_process_with_their_flags(tmp_path, capsys):
     """--max-samples, --max-channels and --max-mb bound CSV, long Parquet and MCAP reads and name themselves;
-    message fields of channels beyond --max-channels are left out and counted, not fatal."""
+    MCAP chunks may decompress to at most 256 times the file in all; message fields of channels beyond
+    --max-channels, or named longer than 1024 characters, are left out and counted, not fatal."""
     rng = np.random.default_rng(2906)
     log = tmp_path / "log.csv"
     _wide_csv(log, np.arange(300) / 10, rng)
@@ -250,6 +254,15 @@ def test_limits_hold_in_process_with_their_flags(tmp_path, capsys):
     mcap.write_bytes(_mcap([_json_channel(1, "/w"), *(_message(1, 10**9 + k * 10**8, msg) for k in range(100))]))
     rec = open_log(mcap, limits=ReadLimits(max_channels=10))
     assert len(rec.series) == 10 and rec.skipped["values of channels beyond --max-channels (10)"] == 2000
+    chunks = tmp_path / "chunks.mcap"  # each chunk within --max-mb, together hundreds of times the file
+    chunks.write_bytes(_mcap([_zstd_chunk(8 * MIB)] * 40))
+    assert main(["replay", str(chunks), "--list", "--max-mb", "16"]) == 2
+    assert "decompress to more than 256 times the file's size" in capsys.readouterr().err
+    named = tmp_path / "named.mcap"
+    msg = json.dumps({"k" * 2000: 1.0, "v": 2.0}).encode()
+    named.write_bytes(_mcap([_json_channel(1, "/n"), *(_message(1, 10**9 + k * 10**8, msg) for k in range(50))]))
+    rec = open_log(named)
+    assert list(rec.series) == ["n.v"] and rec.skipped["values of fields named longer than 1024 characters"] == 50
 
 
 # -- class 4: named errors --------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ __all__ = ["MAX_ARRAY", "MAX_DEPTH", "flatten", "read_bag", "read_mcap"]
 MAX_ARRAY = 16  # numeric message arrays longer than this (images, scans, covariances) are not channels
 MAX_DEPTH = 32  # nesting of a message's fields; deeper messages are skipped (Python's stack is the limit)
 _MAX_TOPICS = 65536  # MCAP channels (topics) remembered; messages on more are skipped and counted
+MAX_NAME_CHARS = 1024  # longer field names are not channels
+INFLATION = 256  # MCAP chunks may decompress to this many times the file's size in all (at least --max-mb)
 
 
 class _TooDeep(ValueError):
@@ -112,6 +114,9 @@ class _Collector:
                 if len(self.t) >= self.lim.max_channels:
                     self.rec.skip(f"values of channels beyond --max-channels ({self.lim.max_channels:,})")
                     continue
+                if len(name) > MAX_NAME_CHARS:  # no live channel takes such a name either
+                    self.rec.skip(f"values of fields named longer than {MAX_NAME_CHARS} characters")
+                    continue
                 self.t[name], self.v[name] = array("q"), array("d")
             self.t[name].append(t_ns)
             self.v[name].append(value)
@@ -145,7 +150,7 @@ class _McapLog:
         self.schemas: dict[int, Any] = {}
         self.channels: dict[int, Any] = {}
         self.decoders: dict[int, Any] = {}
-        self.left_out: dict[str, str] = {}
+        self.inflate_budget = 0  # bytes that chunks may still decompress to
 
     def read(self) -> None:
         p = self.p
@@ -155,6 +160,7 @@ class _McapLog:
             raise InputError(f"cannot read {p}: {exc.strerror or exc}") from None
         with f:
             size = os.fstat(f.fileno()).st_size
+            self.inflate_budget = max(self.lim.max_bytes, INFLATION * size)
             if f.read(8) != _MCAP_MAGIC:
                 raise InputError(f"{p} is not a readable MCAP file: it does not start with the MCAP magic bytes")
             pos, first = 8, True
@@ -222,6 +228,10 @@ class _McapLog:
         if size > self.lim.max_bytes:
             raise InputError(f"{self.p}: a chunk at byte {pos:,} decompresses to {size >> 20:,} MiB, more than "
                              f"--max-mb ({self.lim.max_mb}) allows: raise --max-mb")  # fmt: skip
+        self.inflate_budget -= size
+        if self.inflate_budget < 0:  # small chunks that each expand within bounds, by the thousand
+            raise InputError(f"{self.p}: its chunks decompress to more than {INFLATION} times the file's size (or "
+                             f"--max-mb, if more): not a recording? raise --max-mb")  # fmt: skip
         data = self._inflate(compression, memoryview(body)[40 + n : 40 + n + length], size)
         if data is None:
             self.out.skip("damaged chunks skipped")

@@ -30,9 +30,10 @@ live daemon would refuse as late) are kept in time order and counted per channel
 
 Bounds (:class:`ReadLimits`, each with its ``replay`` flag): at most ``max_samples`` samples over all
 channels (16 bytes each in memory), ``max_channels`` channels, and ``max_mb`` MiB for a table's columns in
-memory, one MCAP record or one decompressed MCAP chunk; a CSV row must fit in ``CSV_BLOCK_BYTES``. Beyond a
-bound the reader stops with an InputError naming the flag; message fields of channels beyond
-``max_channels`` are left out and counted instead.
+memory, one MCAP record or one decompressed MCAP chunk (all chunks together: at most ``INFLATION`` times
+the file's size, or ``max_mb``); a CSV row must fit in ``CSV_BLOCK_BYTES``. Beyond a bound the reader stops
+with an InputError naming the flag; message fields of channels beyond ``max_channels``, or named longer than
+``MAX_NAME_CHARS``, are left out and counted instead.
 """
 
 from __future__ import annotations
