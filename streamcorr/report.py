@@ -79,19 +79,18 @@ def _page(
     d: Path, info: dict[str, Any], cols: dict[str, np.ndarray], events: list[dict[str, Any]], tables: dict[str, Any],
     top: int, at: list[float] | None,
 ) -> str:  # fmt: skip
-    t_ns, a, b, mi = cols["t_ns"], cols["a"].astype(str), cols["b"].astype(str), cols["mi"].astype(float)
-    dep, n_eff = cols["dependent"], cols["n_eff"]
+    t_ns, mi, dep, n_eff = cols["t_ns"], cols["mi"].astype(float), cols["dependent"], cols["n_eff"]
+    pair_of, pairs = cols["pair"], [str(p) for p in cols["pairs"]]  # (rows,) index into the labels "a\x1fb"
+    index = {p: k for k, p in enumerate(pairs)}
     judged = bool((dep >= 0).any())  # False for output written without the detector's verdict
     hops = np.unique(t_ns)
     t0 = float(info.get("t_start", hops[0] / 1e9))
-    key = np.char.add(np.char.add(a, "\x1f"), b)
-    pairs, inverse = np.unique(key, return_inverse=True)
     peak = np.full(len(pairs), -np.inf)
-    np.maximum.at(peak, inverse, np.nan_to_num(mi, nan=-np.inf))
+    np.maximum.at(peak, pair_of, np.nan_to_num(mi, nan=-np.inf))
     event_pairs = list(dict.fromkeys(f"{e['a']}\x1f{e['b']}" for e in events))
-    strongest = [str(pairs[k]) for k in np.argsort(-peak, kind="stable")[:top]]
+    strongest = [pairs[k] for k in np.argsort(-peak, kind="stable")[:top]]
     drawn = list(dict.fromkeys(strongest + event_pairs))
-    channels = [str(c) for c in info.get("channels", [])] or sorted(set(a) | set(b))
+    channels = [str(c) for c in info.get("channels", [])] or sorted({c for p in pairs for c in p.split("\x1f")})
     if len(channels) > MAX_MATRIX_CHANNELS:
         keep = {c for p in drawn for c in p.split("\x1f")}
         channels = [c for c in channels if c in keep]
@@ -102,7 +101,7 @@ def _page(
     parts = [_header(info, d, len(hops), len(events), len(pairs))]
     parts.append("<h2>Matrix at chosen instants</h2><div class='row'>")
     for tk in instants:
-        parts.append(_matrix_html(tk, t_ns, a, b, mi, dep, n_eff, channels, vmax, t0))
+        parts.append(_matrix_html(tk, t_ns, pair_of, pairs, mi, dep, n_eff, channels, vmax, t0))
     parts.append("</div>" + _legend(vmax, judged))
     parts.append(f"<h2>MI over time</h2><p class='note'>The {len(strongest)} strongest pairs (largest MI in the "
                  f"replay) and every pair with events ({len(event_pairs)}); event markers: "
@@ -112,7 +111,7 @@ def _page(
                  + "</p>")  # fmt: skip
     order = np.argsort(t_ns, kind="stable")
     for n, p in enumerate(drawn):
-        rows = order[inverse[order] == int(np.searchsorted(pairs, p))]
+        rows = order[pair_of[order] == index.get(p, -1)]
         pe = [e for e in events if f"{e['a']}\x1f{e['b']}" == p]
         color = _PAIR_COLORS[n % len(_PAIR_COLORS)]
         parts.append(_line_svg(p, t_ns[rows], mi[rows], dep[rows], n_eff[rows], pe, hops, t0, color))
@@ -167,14 +166,15 @@ def _header(info: dict[str, Any], d: Path, n_hops: int, n_events: int, n_pairs: 
 
 
 def _matrix_html(
-    tk: int, t_ns: np.ndarray, a: np.ndarray, b: np.ndarray, mi: np.ndarray, dep: np.ndarray, n_eff: np.ndarray,
-    channels: list[str], vmax: float, t0: float,
+    tk: int, t_ns: np.ndarray, pair_of: np.ndarray, pairs: list[str], mi: np.ndarray, dep: np.ndarray,
+    n_eff: np.ndarray, channels: list[str], vmax: float, t0: float,
 ) -> str:  # fmt: skip
     idx = {c: k for k, c in enumerate(channels)}
     n = len(channels)
     m, ne, d = np.full((n, n), np.nan), np.full((n, n), np.nan), np.full((n, n), -1, dtype=np.int8)
     for k in np.flatnonzero(t_ns == tk):
-        i, j = idx.get(str(a[k])), idx.get(str(b[k]))
+        a, b = pairs[pair_of[k]].split("\x1f")
+        i, j = idx.get(a), idx.get(b)
         if i is not None and j is not None:
             m[i, j] = m[j, i] = mi[k]
             ne[i, j] = ne[j, i] = n_eff[k]

@@ -21,7 +21,7 @@ _OPTIONAL = {"dependent": "bool", "n_eff": "float32"}  # absent from older outpu
 _TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
 _EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
                 "previous": "float64", "current": "float64"}  # fmt: skip
-MAX_ROWS = 20_000_000  # timeline rows a report reads (each row is a pair at a hop): beyond, a named error
+MAX_ROWS = 5_000_000  # timeline rows a report reads (each row is a pair at a hop): beyond, a named error
 MAX_EVENTS = 100_000
 MAX_NAME_CHARS = 1024  # channel names longer than this are not from streamcorr
 MAX_TABLE_SIDE = 512  # a lookup table's grid
@@ -66,8 +66,11 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
                 names = col.combine_chunks().dictionary if pa.types.is_dictionary(col.type) else col
                 if (pc.max(pc.utf8_length(names.cast(pa.string()))).as_py() or 0) > MAX_NAME_CHARS:
                     raise _Bad(f"{path.name}: column {name} holds names longer than {MAX_NAME_CHARS} characters")
+            target = pa.type_for_alias(kind)
+            if kind == "string" and pa.types.is_dictionary(col.type):  # names stay codes: a copy of each name
+                target = pa.dictionary(col.type.index_type, pa.string())
             try:
-                col = col.cast(pa.type_for_alias(kind))
+                col = col.cast(target)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 raise _Bad(f"{path.name}: column {name} holds {col.type}, not {kind}") from None
             if name in types and name != "mi" and col.null_count:
@@ -92,7 +95,8 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
         raise InputError(f"cannot read the replay output in {outdir}: {exc}") from None
     except Exception as exc:  # a damaged or foreign file: one message
         raise InputError(f"cannot read the replay output in {outdir}: {str(exc).splitlines()[0][:300]}") from None
-    cols = {n: tab.column(n).to_numpy(zero_copy_only=False) for n in ("t_ns", "a", "b")}
+    cols = {"t_ns": tab.column("t_ns").to_numpy(zero_copy_only=False)}
+    cols["pair"], cols["pairs"] = _pair_codes(tab.column("a"), tab.column("b"))
     cols["mi"] = pc.fill_null(tab.column("mi"), np.nan).to_numpy(zero_copy_only=False)
     dependent = tab.column("dependent")
     known = pc.is_valid(dependent).to_numpy(zero_copy_only=False)
@@ -103,6 +107,28 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
     if len(cols["t_ns"]) == 0:
         raise InputError(f"{outdir}/timeline.parquet has no rows: the replay evaluated no hop")
     return info, cols, events, tables
+
+
+def _pair_codes(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the index of its pair in the sorted labels "a\x1fb" (object array): from the names'
+    dictionary codes, so a row costs 8 bytes however long its names."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def codes(col: Any) -> tuple[np.ndarray, list[str]]:
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        if not pa.types.is_dictionary(arr.type):
+            arr = pc.dictionary_encode(arr)
+        return arr.indices.to_numpy(zero_copy_only=False).astype(np.int64), arr.dictionary.to_pylist()
+
+    (ia, names_a), (ib, names_b) = codes(a), codes(b)
+    used, inverse = np.unique(ia * max(1, len(names_b)) + ib, return_inverse=True)
+    del ia, ib
+    labels = [f"{names_a[c // max(1, len(names_b))]}\x1f{names_b[c % max(1, len(names_b))]}" for c in used.tolist()]
+    pairs = sorted(set(labels))  # a dictionary may hold a name twice: one pair whatever its codes
+    where = {label: k for k, label in enumerate(pairs)}
+    lut = np.array([where[label] for label in labels], dtype=np.int64)
+    return lut[inverse.reshape(-1)], np.array(pairs, dtype=object)
 
 
 class _Bad(ValueError):

@@ -182,8 +182,9 @@ def _zstd_bomb(path: Path, size: int, declared: int | None = None) -> None:
 
 def test_small_hostile_files_are_refused_within_a_gigabyte_with_the_flag_to_raise(tmp_path):
     """A 768 MiB zstd chunk in a small MCAP (declared, or declared 1 MiB), a Parquet of 96 million constant
-    rows, a CSV header of 400,000 columns and a 150 MB line of commas for `matrix`: each stops with a named
-    one-line error (the MCAP and Parquet ones name their flag) at a peak RSS under 1 GiB."""
+    rows, a CSV header of 400,000 columns, a 150 MB line of commas for `matrix` and a timeline of 6 million
+    repeated rows for `report`: each stops with a named one-line error (the MCAP and Parquet ones name their
+    flag) at a peak RSS under 1 GiB."""
     declared, small = tmp_path / "declared.mcap", tmp_path / "small.mcap"
     _zstd_bomb(declared, 768 * MIB)
     _zstd_bomb(small, 768 * MIB, MIB)
@@ -196,6 +197,13 @@ def test_small_hostile_files_are_refused_within_a_gigabyte_with_the_flag_to_rais
     assert rows.stat().st_size < 4 * MIB
     wide = tmp_path / "wide.csv"
     wide.write_text(",".join(f"c{k}" for k in range(400_000)) + "\n" + "," * 399_999 + "\n")
+    many = tmp_path / "many"  # a replay's output directory whose timeline repeats one row 6 million times
+    many.mkdir()
+    row = pa.table({"t_ns": np.zeros(1_500_000, np.int64), "a": ["x"] * 1_500_000, "b": ["y"] * 1_500_000,
+                    "mi": np.zeros(1_500_000)})  # fmt: skip
+    with pq.ParquetWriter(many / "timeline.parquet", row.schema) as w:
+        for _ in range(4):
+            w.write_table(row)
     line = tmp_path / "line.csv"
     with line.open("w") as f:
         f.write("a,b\n1,2\n")
@@ -208,6 +216,7 @@ def test_small_hostile_files_are_refused_within_a_gigabyte_with_the_flag_to_rais
         (["replay", str(rows), "--list"], "--max-samples"),
         (["replay", str(wide), "--list"], "--max-channels"),
         (["matrix", str(line), "--no-png"], "a row is longer than"),
+        (["report", str(many)], "more than 5,000,000 rows"),
     ]
     for argv, expect in cases:
         rc, text, peak_mib, _ = _cli(argv, timeout_s=300)
