@@ -24,7 +24,8 @@ from bench.common import environment, write_results
 from streamcorr.changes import ChangeDetector, cached_calibration
 from streamcorr.engine import Engine, EngineConfig
 from streamcorr.estimator import default_estimator
-from streamcorr.significance import SurrogateNulls, autocorrelation, pair_n_eff, rank_rows
+from streamcorr.significance import autocorrelation, pair_n_eff, rank_rows
+from streamcorr.surrogates import SurrogateNulls
 
 ALPHA = 0.01
 

@@ -54,7 +54,6 @@ from .screen import Screener
 from .settings import EngineConfig
 from .significance import (
     N_FEATURES,
-    SurrogateNulls,
     autocorrelation,
     estimate_own_rows,
     max_lag,
@@ -62,6 +61,7 @@ from .significance import (
     per_evaluation_rate,
     prewhiten,
 )
+from .surrogates import SurrogateNulls
 
 log = logging.getLogger("streamcorr.engine")
 
@@ -283,7 +283,8 @@ class Engine:
             acf[used] = autocorrelation(u[used])
             n_eff[full] = pair_n_eff(acf[i[full]], acf[j[full]], self.cfg.window_len)
             t0 = cnt.add_time("significance", t0)
-        cnt.pairs_low_coverage += estimate_own_rows(self.est, window, fresh, valid, i, j, ok & ~full, mi, n_eff)
+        groups: list[tuple[np.ndarray, np.ndarray]] = []  # pairs on their own rows: (ranks, hop indices)
+        cnt.pairs_low_coverage += estimate_own_rows(self.est, window, fresh, valid, i, j, ok & ~full, mi, n_eff, groups)
         t0 = cnt.add_time("gapped_pairs", t0)
         if self.cfg.significance == "iid":
             n_eff = np.where(np.isfinite(n_eff), self.cfg.window_len, np.nan)
@@ -296,9 +297,12 @@ class Engine:
         if was_screened is not None and screen_level is not None:  # the screen's verdict is the pair's prior state
             for k in np.flatnonzero(done & was_screened):
                 self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
-        done_pairs = [(names[a], names[b]) for a, b in zip(i[done], j[done], strict=True)]
-        own = self._own_nulls(u if full.any() else None, i[done], j[done], done_pairs, mi[done], n_eff[done],
-                              full[done], end_tick)  # fmt: skip
+        hop_pairs = [(names[a], names[b]) for a, b in zip(i, j, strict=True)]
+        done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
+        own = None
+        if self.cfg.significance == "effective":  # smooth pairs' own nulls (significance.SurrogateNulls)
+            own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, u, groups, i, j,
+                                                 hop_pairs, mi, n_eff, done, end_tick)  # fmt: skip
         t0 = cnt.add_time("significance", t0)
         events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick, own)
         held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)
@@ -307,33 +311,6 @@ class Engine:
         snap = self.state.snapshot(end_tick, time.time_ns())
         cnt.add_time("publish", t0)
         return snap, events
-
-    def _own_nulls(
-        self,
-        u: np.ndarray | None,
-        i: np.ndarray,
-        j: np.ndarray,
-        pairs: list[tuple[str, str]],
-        mi: np.ndarray,
-        n_eff: np.ndarray,
-        shared: np.ndarray,
-        t_ns: int,
-    ) -> tuple[np.ndarray, np.ndarray] | None:
-        """Thresholds from the surrogate nulls of smooth pairs (n_eff below half the window) that are above the
-        table's median (below it nothing is dependent); None when the table decides every pair."""
-        sur = self.surrogates
-        if sur.n_surrogates == 0 or self.cfg.significance != "effective" or u is None or not len(pairs):
-            return None
-        smooth = shared & (n_eff < 0.5 * self.cfg.window_len) & (mi > self.calibration.median_at(n_eff))
-        if not smooth.any():
-            return None
-        due = np.flatnonzero(smooth & sur.due(pairs, t_ns))
-        due = due[np.argsort(-mi[due], kind="stable")][: sur.max_pairs]  # the strongest first
-        sur.measure(self.est.estimate_histograms, self.est.grid, u, i[due], j[due], [pairs[k] for k in due],
-                    n_eff[due], t_ns)  # fmt: skip
-        hi, lo = sur.thresholds(pairs, self.detector.alpha)
-        hi[~smooth] = lo[~smooth] = np.nan
-        return hi, lo
 
     def pair_table(self, a: str, b: str) -> np.ndarray | None:
         """The model's lookup table theta (G, G) for channels a and b on the newest window; None if unavailable."""

@@ -21,6 +21,10 @@ quantile, log(100) = 4.61 for an exact exponential; where it is larger, the scal
 
     dependent_above(n_eff, alpha) = max(q90(n_eff) + s(n_eff) * log(0.1 / alpha), min_effect)
 
+Pairs with n_eff of at least ``WHITE_FROM`` of the window take the null of white noise, measured on its own
+from many more windows (its tail beyond the 99th percentile extrapolated from its own top percent); no
+pair gets a lower bar than white noise.
+
 ``alpha`` is per pair and evaluation; :func:`per_evaluation_rate` derives it from the operator's
 ``changes.false_alarms_per_hour`` for the whole matrix.
 
@@ -45,15 +49,13 @@ from typing import Any
 import numpy as np
 from scipy.linalg import solve_toeplitz
 from scipy.signal import lfilter
-from scipy.stats import chi2, gamma
 
-from .copula import Ties, marginal_histograms, pair_histograms, rank_transform
+from .copula import Ties, rank_transform
 from .errors import ConfigError
 
 __all__ = [
     "N_FEATURES",
     "NullTable",
-    "SurrogateNulls",
     "autocorrelation",
     "estimate_own_rows",
     "max_lag",
@@ -65,6 +67,7 @@ __all__ = [
 ]
 
 MIN_N_EFF = 2.0
+WHITE_FROM = 0.6  # pairs with n_eff above this share of the window take the white-noise null
 N_FEATURES = 2  # per channel: the level and the distance from the median (autocorrelation)
 
 
@@ -148,12 +151,14 @@ def estimate_own_rows(
     which: np.ndarray,
     mi: np.ndarray,
     n_eff: np.ndarray,
+    groups: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> int:
     """MI and n_eff (written into mi, n_eff) of the pairs (i, j) marked in ``which``, each over its own rows of
     window (C, T): both channels valid, and not both repeating (fresh (C, T): a new sample at that tick).
-    Pairs with the same rows (channels of one device) share one batch of ``est`` (an Estimator). Returns how
-    many pairs had fewer rows than the model needs (left NaN)."""
-    groups: dict[bytes, list[int]] = {}
+    Pairs with the same rows (channels of one device) share one batch of ``est`` (an Estimator); ``groups``,
+    if given, receives each batch's copula rows [x; y] (2m, R) and its pair indices (m,). Returns how many
+    pairs had fewer rows than the model needs (left NaN)."""
+    by_rows: dict[bytes, list[int]] = {}
     rows_of: dict[bytes, np.ndarray] = {}
     short = 0
     for k in np.flatnonzero(which):
@@ -162,14 +167,18 @@ def estimate_own_rows(
             short += 1
             continue
         key = np.packbits(rows).tobytes()
-        groups.setdefault(key, []).append(int(k))
+        by_rows.setdefault(key, []).append(int(k))
         rows_of[key] = rows
-    for key, members in groups.items():
+    for key, members in by_rows.items():
         rows, idx = rows_of[key], np.array(members)
         x, y = window[i[idx]][:, rows], window[j[idx]][:, rows]
         mi[idx] = est.estimate_batch(x, y)
-        ax, ay = autocorrelation(rank_rows(x, est.ties)), autocorrelation(rank_rows(y, est.ties))
-        n_eff[idx] = pair_n_eff(ax, ay, int(rows.sum()))
+        ux, uy = rank_rows(x, est.ties), rank_rows(y, est.ties)
+        r = int(rows.sum())
+        # the null table is of full windows: fewer rows are noisier, so count them as proportionally fewer samples
+        n_eff[idx] = pair_n_eff(autocorrelation(ux), autocorrelation(uy), r) * (r / window.shape[1])
+        if groups is not None:
+            groups.append((np.concatenate([ux, uy]), idx))
     return short
 
 
@@ -214,15 +223,30 @@ class NullTable:
     null_std: float
     tail_check: float = float("nan")  # pooled standardised excess at 0.999 (Exp(1): log(100) = 4.61)
     n_windows: int = 0
+    # white noise measured on its own (many windows): pairs with n_eff >= white_from take this null, whose
+    # tail beyond its 99th percentile is extrapolated from its own top percent
+    white_from: float = float("inf")
+    white_q90: float = 0.0
+    white_q99: float = 0.0
+    white_scale: float = 0.0  # mean excess over white_q99
+    white_windows: int = 0
 
     def _at(self, values: tuple[float, ...], n_eff: np.ndarray) -> np.ndarray:
         return np.interp(np.log(np.maximum(n_eff, MIN_N_EFF)), self.log_n_eff, values)
+
+    def _white_above(self, alpha: float) -> float:
+        if alpha >= 0.01:  # between the measured q90 and q99, log-linearly
+            return self.white_q90 + (self.white_q99 - self.white_q90) * math.log10(0.1 / alpha)
+        return self.white_q99 + self.white_scale * math.log(0.01 / alpha)
 
     def dependent_above(self, n_eff: np.ndarray, alpha: float, min_effect: float = 0.0) -> np.ndarray:
         """Threshold (nats) an independent pair of these effective sizes exceeds with probability alpha."""
         n_eff = np.asarray(n_eff, dtype=np.float64)
         tail = max(0.0, math.log(0.1 / alpha))
-        return np.maximum(self._at(self.q90, n_eff) + self._at(self.tail_scale, n_eff) * tail, min_effect)
+        bins = self._at(self.q90, n_eff) + self._at(self.tail_scale, n_eff) * tail
+        white = self._white_above(alpha)
+        # a smaller effective size never gets a lower bar than white noise
+        return np.maximum(np.where(n_eff >= self.white_from, white, np.maximum(bins, white)), min_effect)
 
     def median_at(self, n_eff: np.ndarray) -> np.ndarray:
         """The null's median at these effective sizes."""
@@ -230,7 +254,8 @@ class NullTable:
 
     def independent_below(self, n_eff: np.ndarray) -> np.ndarray:
         """The null's 90th percentile at these effective sizes: an independent pair is below it 90% of the time."""
-        return self._at(self.q90, np.asarray(n_eff, dtype=np.float64))
+        n_eff = np.asarray(n_eff, dtype=np.float64)
+        return np.where(n_eff >= self.white_from, self.white_q90, np.maximum(self._at(self.q90, n_eff), self.white_q90))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -238,6 +263,7 @@ class NullTable:
     @classmethod
     def from_json(cls, text: str) -> NullTable:
         d = json.loads(text)
+        d = {k: (float("inf") if v is None else v) for k, v in d.items()}  # JSON has no infinity
         for key in ("log_n_eff", "median", "q90", "tail_scale"):
             d[key] = tuple(float(v) for v in d[key])
         table = cls(**d)
@@ -267,8 +293,16 @@ class NullTable:
             mi.append(estimate_batch(x, y))
             ax, ay = autocorrelation(rank_rows(x, ties)), autocorrelation(rank_rows(y, ties))
             n_eff.append(pair_n_eff(ax, ay, window_len))
-        white = estimate_batch(rng.standard_normal((500, window_len)), rng.standard_normal((500, window_len)))
-        return cls.from_samples(window_len, np.concatenate(n_eff), np.concatenate(mi), float(np.std(white)))
+        n_white = 20_000 if window_len <= 512 else 10_000
+        white = np.concatenate([
+            estimate_batch(rng.standard_normal((batch, window_len)), rng.standard_normal((batch, window_len)))
+            for _ in range(0, n_white, batch)
+        ])  # fmt: skip
+        table = cls.from_samples(window_len, np.concatenate(n_eff), np.concatenate(mi), float(np.std(white)))
+        q90, q99 = float(np.quantile(white, 0.9)), float(np.quantile(white, 0.99))
+        scale = float((white[white > q99] - q99).mean())
+        return dataclasses.replace(table, white_from=WHITE_FROM * window_len, white_q90=q90, white_q99=q99,
+                                   white_scale=scale, white_windows=len(white))  # fmt: skip
 
     @classmethod
     def from_samples(cls, window_len: int, n_eff: np.ndarray, mi: np.ndarray, null_std: float) -> NullTable:
@@ -345,79 +379,3 @@ def null_processes(
             held[r] = True
         out[r] = x
     return out, held
-
-
-class SurrogateNulls:
-    """Per-pair nulls from circularly shifted surrogates, for pairs whose effective sample size is small.
-
-    The table's null at a small n_eff mixes every kind of smooth process and is wide; a pair's own null is
-    much narrower. Shifting one channel's window against the other circularly keeps both autocorrelations
-    and breaks the dependence, so the MI of ``n_surrogates`` shifts (evenly spaced over the window, the same
-    every time) is a sample of this pair's null. A gamma distribution matched to its mean and variance gives
-    the thresholds; the variance is raised to its 95% upper confidence bound with min(n_surrogates, n_eff / 2)
-    degrees of freedom, since neighbouring shifts of a smooth pair are not independent draws (measured:
-    independent AR(1) pairs, phi 0.9 to 0.995, window 1024, exceed the 0.02 bar in under 1% of windows).
-
-    A pair's surrogate null is measured again once its window has been replaced (``refresh_ns``), for at most
-    ``max_pairs`` pairs a hop (the strongest first); pairs without one keep the table's thresholds.
-    """
-
-    def __init__(self, n_surrogates: int, refresh_ns: int, max_pairs: int = 64) -> None:
-        self.n_surrogates = n_surrogates
-        self.refresh_ns = refresh_ns
-        self.max_pairs = max_pairs
-        self._nulls: dict[tuple[str, str], tuple[int, float, float, float]] = {}  # t_ns, mean, var, dof
-        self.measured = 0  # pairs whose surrogate null was measured (a counter)
-
-    def due(self, pairs: list[tuple[str, str]], t_ns: int) -> np.ndarray:
-        """Which pairs have no surrogate null, or one older than refresh_ns."""
-        return np.array([(p not in self._nulls) or (t_ns - self._nulls[p][0] >= self.refresh_ns) for p in pairs],
-                        dtype=bool)  # fmt: skip
-
-    def measure(
-        self,
-        estimate_histograms: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
-        grid: int,
-        u: np.ndarray,
-        i: np.ndarray,
-        j: np.ndarray,
-        pairs: list[tuple[str, str]],
-        n_eff: np.ndarray,
-        t_ns: int,
-    ) -> None:
-        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T)."""
-        if not len(pairs):
-            return
-        s, t = self.n_surrogates, u.shape[1]
-        shifts = (t * np.arange(1, s + 1)) // (s + 1)
-        rows = np.arange(t)
-        shifted = u[j][:, None, (rows[None, :] - shifts[:, None]) % t].reshape(len(pairs) * s, t)  # (P*S, T)
-        both = np.concatenate([np.repeat(u[i], s, axis=0), shifted])
-        n = len(shifted)
-        idx = np.arange(n)
-        marg = marginal_histograms(both, grid)
-        mi = estimate_histograms(pair_histograms(both, both, grid, idx, idx + n), marg[:n], marg[n:]).reshape(-1, s)
-        mean, var = mi.mean(axis=1), mi.var(axis=1, ddof=1)
-        dof = np.clip(n_eff / 2, 2.0, s)  # a window of n_eff independent samples holds about n_eff / 2 distinct shifts
-        for k, pair in enumerate(pairs):
-            self._nulls[pair] = (t_ns, float(mean[k]), float(var[k]), float(dof[k]))
-        self.measured += len(pairs)
-
-    def thresholds(self, pairs: list[tuple[str, str]], alpha: float) -> tuple[np.ndarray, np.ndarray]:
-        """(dependent_above, independent_below) per pair from its surrogate null; NaN where it has none."""
-        hi, lo = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
-        for k, pair in enumerate(pairs):
-            null = self._nulls.get(pair)
-            if null is None:
-                continue
-            _, mean, var, dof = null
-            mean, var = max(mean, 1e-6), max(var, 1e-12)
-            var_hi = var * (dof - 1) / chi2.ppf(0.05, dof - 1)
-            hi[k] = gamma.isf(alpha, mean**2 / var_hi, scale=var_hi / mean)
-            lo[k] = gamma.isf(0.1, mean**2 / var, scale=var / mean)
-        return hi, lo
-
-    def forget(self, keep: set[tuple[str, str]]) -> None:
-        """Drop the nulls of pairs not in keep (channels retired or pairs no longer smooth)."""
-        for pair in [p for p in self._nulls if p not in keep]:
-            del self._nulls[pair]

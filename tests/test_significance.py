@@ -9,7 +9,8 @@ from scipy.signal import lfilter
 from streamcorr.changes import ChangeDetector, cached_calibration
 from streamcorr.engine import Engine, EngineConfig
 from streamcorr.estimator import default_estimator
-from streamcorr.significance import SurrogateNulls, autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
+from streamcorr.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
+from streamcorr.surrogates import SurrogateNulls
 
 T0 = 1_732_700_000.0  # a Unix time, so float seconds carry the rounding real logs have
 
