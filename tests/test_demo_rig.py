@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from streamcorr.demo import check_script, run_live_demo
-from streamcorr.demo.rig import CHANNELS, Rig
+from streamcorr.demo.rig import CHANNELS, SLOW_CHANNELS, Rig
 from streamcorr.errors import ConfigError
 from streamcorr.estimator import default_estimator
 
@@ -158,7 +158,10 @@ def test_engine_reports_the_scripted_changes_and_nothing_on_stable_pairs():
     # chance exceedances come in runs up to a window long: hence the second window.
     assert not report.missing, str(report)
     assert report.max_delay_s <= 2 * report.window_s + 2 * hop_s, str(report)
-    dependent = [d for (_, kind), d in report.delays_s.items() if kind != "became-independent"]
+    # a new dependence shows within a window, except on the slow load family: its samples are correlated over
+    # about a second, so a 10 s window holds a few dozen effective samples and significance takes up to two windows
+    dependent = [d for (pair, kind), d in report.delays_s.items()
+                 if kind != "became-independent" and not set(pair) & set(SLOW_CHANNELS)]  # fmt: skip
     assert max(dependent) <= report.window_s + 2 * hop_s, str(report)
     assert report.false_events == [], str(report)
     assert report.transient_late == [], str(report)

@@ -175,7 +175,8 @@ def check_script(
         events=events,
         delays_s=delays,
         missing=missing,
-        false_events=[e for e in events if e.pair in stable],
+        # a stable pair's verdict at its first assessment (initial) is its starting state, not a change
+        false_events=[e for e in events if e.pair in stable and not e.initial],
         transient_late=[e for e in events if e.pair in transient and starts_excursion(e) and not near_change(e)],
         other_events=[e for e in events if e.pair not in stable],
     )

@@ -176,9 +176,12 @@ _SCRIPT: tuple[dict[str, Any], ...] = (
             ("aux.adc", "l1.gyro"),
             ("aux.adc", "l2.gyro"),
             ("aux.adc", "j1.vib"),
-            ("aux.adc", "l2.acc_r"),
         ),
-        not_asserted=_pairs(("aux.adc", "j1.cmd"), ("aux.adc", "l2.tilt"), ("aux.adc", "bus.power")),
+        # l2.acc_r sees the cable only through motor 1's current: under the default budget of one chance event
+        # an hour over the 190 pairs it stays below the bar at a 10 s window
+        not_asserted=_pairs(
+            ("aux.adc", "j1.cmd"), ("aux.adc", "l2.tilt"), ("aux.adc", "bus.power"), ("aux.adc", "l2.acc_r")
+        ),
         shifted=("aux.adc",),
     ),
 )
