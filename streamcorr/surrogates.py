@@ -35,6 +35,7 @@ class SurrogateNulls:
         self.max_pairs = max_pairs
         self._nulls: dict[tuple[str, str], tuple[int, float, float, float, float]] = {}  # t_ns, mean, var, dof, n_eff
         self.measured = 0  # pairs whose surrogate null was measured (a counter)
+        self._above: set[tuple[str, str]] = set()  # smooth pairs above their bar at the last hop
 
     def due(self, pairs: list[tuple[str, str]], t_ns: int, n_eff: np.ndarray | None = None) -> np.ndarray:
         """Which pairs have no surrogate null, one older than refresh_ns, or (given n_eff) one measured at an
@@ -119,9 +120,12 @@ class SurrogateNulls:
         self._measure_hop(est, u, groups, i, j, pairs, n_eff, due, t_ns)
         # a pair crossing its bar on a null measured on an earlier window is judged on a fresh one
         hi, lo = self.thresholds(pairs, alpha)
-        old = np.array([p in self._nulls and self._nulls[p][0] != t_ns for p in pairs], dtype=bool)
-        again = np.flatnonzero(smooth & old & (mi > hi))[: self.max_pairs]
+        # (only a new crossing: a pair that stayed above keeps its null until the refresh, within one budget)
+        old = np.array([p in self._nulls and self._nulls[p][0] != t_ns and p not in self._above for p in pairs])
+        again = np.flatnonzero(smooth & old & (mi > hi))[: max(0, self.max_pairs - len(due))]
         self._measure_hop(est, u, groups, i, j, pairs, n_eff, again, t_ns)
+        hi_all, _ = self.thresholds(pairs, alpha)
+        self._above = {pairs[k] for k in np.flatnonzero(smooth & (mi > hi_all))}
         hi, lo = self.thresholds([pairs[k] for k in np.flatnonzero(done)], alpha)
         off = ~smooth[done]
         hi[off] = lo[off] = np.nan
