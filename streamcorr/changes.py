@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,12 +220,16 @@ def cached_calibration(
         return _TABLES[key]
     path = cache_dir() / calibration_file_name(fingerprint, window_len)
     table: NullTable | None = None
-    for known in (path, SHIPPED_NULL_DIR / path.name):  # the user's cache, then those shipped for common windows
+    for origin, known in (("cached", path), ("shipped", SHIPPED_NULL_DIR / path.name)):  # the user's cache first
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             table = NullTable.from_json(known.read_text())
+            log.info("null calibration for window.samples=%d: %s (%s)", window_len, origin, known)
             break
     if table is None:
+        t0 = time.monotonic()
         table = NullTable.measure(estimate_batch, window_len, n_pairs=FIRST_START_PAIRS, ties=ties)
+        log.info("null calibration for window.samples=%d: measured in %.0f s (%s independent pairs)",
+                 window_len, time.monotonic() - t0, f"{FIRST_START_PAIRS:,}")  # fmt: skip
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -236,10 +241,15 @@ def cached_calibration(
     return table
 
 
-def is_cached(fingerprint: str, window_len: int) -> bool:
-    """Whether the null table for these weights and window is shipped or cached (no measurement on start)."""
+def calibration_origin(fingerprint: str, window_len: int) -> Literal["loaded", "cached", "shipped", "measure"]:
+    """Where `cached_calibration` takes the null table for these weights and window from: already loaded in this
+    process, the user's cache, the files shipped in the package, or a measurement (a first start)."""
     name = calibration_file_name(fingerprint, window_len)
-    return (fingerprint, window_len) in _TABLES or (cache_dir() / name).is_file() or (SHIPPED_NULL_DIR / name).is_file()
+    if (fingerprint, window_len) in _TABLES:
+        return "loaded"
+    if (cache_dir() / name).is_file():
+        return "cached"
+    return "shipped" if (SHIPPED_NULL_DIR / name).is_file() else "measure"
 
 
 def null_windows() -> int:

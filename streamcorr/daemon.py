@@ -33,7 +33,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 
 from .cache import cache_dir_text
-from .changes import ChangeEvent, calibration_eta_s, null_windows
+from .changes import ChangeEvent, calibration_eta_s, calibration_origin, null_windows
 from .compute import PairEvaluator
 from .config import Config, MqttConnection, MqttSourceConfig, exposed_listeners
 from .engine import Engine
@@ -282,16 +282,19 @@ class Daemon:
             else:
                 done.set_result(engine)  # type: ignore[arg-type]
 
-        compute_starting = threading.Event()  # set while Ray connects and its workers load the model
+        stage = ["compute"]  # what the setup thread does: "compute" (Ray), "model", then "measure" if it must
 
         def build() -> None:
             try:
                 hop_s = ec.hop_samples / ec.rate_hz  # the Ray backend's default deadline per hop
-                compute_starting.set()
                 start = COMPUTE[self.cfg.compute.backend]
                 self._compute = start(self.cfg.compute, ec.estimator, hop_s) if start else None
-                compute_starting.clear()
-                engine = Engine(ec, self._estimator, compute=self._compute)
+                stage[0] = "model"
+                est = Estimator(**dict(ec.estimator)) if self._estimator is None else self._estimator
+                # the null table of the model's fingerprint: measured on a first start, else a shipped or cached file
+                if calibration_origin(est.fingerprint, ec.window_len) == "measure":
+                    stage[0] = "measure"
+                engine = Engine(ec, est, compute=self._compute)
             except BaseException as exc:  # delivered to run(), which reports it
                 loop.call_soon_threadsafe(deliver, None, exc)
             else:
@@ -318,8 +321,9 @@ class Daemon:
                     log.info("stopped while preparing the engine (%.0f s in); nothing was published",
                              time.monotonic() - t0)  # fmt: skip
                     return False
-                if compute_starting.is_set():  # not the calibration (yet): Ray logs when its workers are ready
-                    self.phase_detail = "starting the compute backend: Ray workers loading the model"
+                if stage[0] != "measure":  # Ray logs when its workers are ready; the null table comes from a file
+                    self.phase_detail = {"compute": "starting the compute backend: Ray workers loading the model",
+                                         "model": "loading the model"}[stage[0]]  # fmt: skip
                     continue
                 if not told:
                     told = True
