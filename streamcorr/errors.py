@@ -17,3 +17,14 @@ class InputError(StreamcorrError, ValueError):
 
 class ModelLoadError(StreamcorrError):
     """Model weights are missing, corrupt, or do not match the architecture."""
+
+
+class SubscriberTimeout(StreamcorrError, TimeoutError):
+    """A Subscriber iterator's ``timeout_s`` passed without a message (``stream``: "snapshot", "event" or
+    "status"). A ``TimeoutError``, as from ``queue.Queue.get(timeout=...)`` or ``asyncio.timeout``; an
+    iterator given ``quiet_s`` instead ends without one."""
+
+    def __init__(self, message: str, *, stream: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.timeout_s = timeout_s

@@ -78,11 +78,11 @@ async def _reference(cfg_dict: dict[str, Any], t: np.ndarray, v: np.ndarray) -> 
 
 async def _drain(sub: Subscriber, snaps: list[Any], events: list[Any], quiet_s: float = 3.0) -> None:
     async def take_snaps() -> None:
-        async for s in sub.snapshots(timeout_s=quiet_s):
+        async for s in sub.snapshots(quiet_s=quiet_s):
             snaps.append(s)
 
     async def take_events() -> None:
-        async for e in sub.events(timeout_s=quiet_s):
+        async for e in sub.events(quiet_s=quiet_s):
             events.append(e)
 
     await asyncio.gather(take_snaps(), take_events())

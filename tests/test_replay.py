@@ -82,7 +82,7 @@ def test_csv_replay_equals_a_live_daemon_fed_over_zeromq(tmp_path, capsys):
             await asyncio.sleep(0.3)  # PUB/SUB: let the subscription reach the publisher
 
             async def take_snaps() -> None:
-                async for s in sub.snapshots(timeout_s=5.0):
+                async for s in sub.snapshots(quiet_s=5.0):
                     snaps.append(s)
 
             async def take_events() -> None:

@@ -13,7 +13,7 @@ import zmq.asyncio
 
 from streamcorr.changes import ChangeEvent
 from streamcorr.config import MqttConnection
-from streamcorr.errors import ConfigError, StreamcorrError
+from streamcorr.errors import ConfigError, StreamcorrError, SubscriberTimeout
 from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, encode_event, encode_status
 from streamcorr.publish.mqtt_sink import MqttPublisher
@@ -64,8 +64,8 @@ def test_zmq_subscriber_receives_the_snapshots_and_events_that_were_published():
             for snap, ev in zip(snaps, events, strict=True):
                 await pub.publish_snapshot(snap)
                 await pub.publish_event(ev)
-            got_snaps = [s async for s in sub.snapshots(timeout_s=1)]
-            got_events = [e async for e in sub.events(timeout_s=0.2)]
+            got_snaps = [s async for s in sub.snapshots(quiet_s=1)]
+            got_events = [e async for e in sub.events(quiet_s=0.2)]
             status = sub.status()
             return snaps, events, got_snaps, got_events, status, sub.counters
 
@@ -91,7 +91,7 @@ def test_zmq_late_joiner_gets_the_latest_snapshot_from_the_cache_once():
                 first = await anext(sub.snapshots(timeout_s=2))
                 await joined(pub, sub)
                 await pub.publish_snapshot(snaps[3])
-                rest = [s async for s in sub.snapshots(timeout_s=0.5)]
+                rest = [s async for s in sub.snapshots(quiet_s=0.5)]
                 return snaps, first, rest, sub.counters
 
     snaps, first, rest, counters = asyncio.run(main())
@@ -142,7 +142,7 @@ def test_zmq_late_join_without_a_cache_times_out_and_carries_on():
             async with Subscriber(pub.endpoint, snapshot_url=silent, request_timeout_s=0.2) as sub:
                 await joined(pub, sub)
                 await pub.publish_event(make_event(rng))
-                got = [e async for e in sub.events(timeout_s=1)]
+                got = [e async for e in sub.events(quiet_s=1)]
                 return got, sub.counters
 
     got, counters = asyncio.run(main())
@@ -174,7 +174,7 @@ def test_zmq_gaps_restarts_and_bad_payloads_are_counted_not_fatal():
             await pub.send_multipart([b"streamcorr/event", b"x", b"three frames"])
             await pub.send_multipart([b"streamcorr/eventual", encode_event(sent[0], seq=99)])  # other topic
             await pub.send_multipart([b"streamcorr/event", encode_event(sent[0], seq=2)])
-            got = [e async for e in sub.events(timeout_s=1)]
+            got = [e async for e in sub.events(quiet_s=1)]
             counters = sub.counters
         pub.close(0)
         ctx.term()
@@ -205,7 +205,7 @@ def test_zmq_a_slow_subscriber_loses_messages_to_the_hwm_and_counts_every_one():
             # has drained, one more makes every lost seq a counted gap
             await asyncio.sleep(0.5)
             await pub.publish_snapshot(make_snapshot(rng, n=4))
-            consumed = [len(s.channels) async for s in sub.snapshots(timeout_s=1)]
+            consumed = [len(s.channels) async for s in sub.snapshots(quiet_s=1)]
             return consumed, sub.counters
 
     consumed, counters = asyncio.run(main())
@@ -247,7 +247,7 @@ def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops():
             for ev in events:
                 await pub.publish_event(ev)
             await until(lambda: sub.counters.received["event"] == 10)
-            got = [e async for e in sub.events(timeout_s=0.1)]
+            got = [e async for e in sub.events(quiet_s=0.1)]
             return events, got, sub.counters
 
     events, got, counters = asyncio.run(main())
@@ -292,8 +292,8 @@ def test_engine_to_zmq_sink_to_subscriber_gives_the_engines_own_snapshots():
                 if k % 50 == 0:
                     await eng.flush()
             await eng.flush()
-            got = [s async for s in sub.snapshots(timeout_s=1)]
-            got_events = [e async for e in sub.events(timeout_s=0.2)]
+            got = [s async for s in sub.snapshots(quiet_s=1)]
+            got_events = [e async for e in sub.events(quiet_s=0.2)]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -359,7 +359,7 @@ def test_blocking_iterator_in_a_plain_script_sees_cli_published_events_and_their
         for path in files:
             subprocess.run(["mosquitto_pub", "-h", mqtt_broker[0], "-p", str(mqtt_broker[1]),
                             "-t", f"{prefix}/event", "-f", path], check=True, timeout=10)  # fmt: skip
-        got = list(sub.iter_events(timeout_s=2))
+        got = list(sub.iter_events(quiet_s=2))
     assert got == events
     assert sub.gaps["event"] == 3 and sub.counters.bad == 1
 
@@ -411,6 +411,83 @@ def test_mqtt_subscriber_reconnects_after_a_broker_restart_and_skips_the_repeate
     first, second, counters = asyncio.run(main())
     assert (first.seq, second.seq) == (1, 2)
     assert counters.connects == 2 and counters.disconnects == 1 and counters.gaps["snapshot"] == 0
+
+
+def test_a_timeout_raises_subscriber_timeout_and_quiet_s_or_close_end_the_stream():
+    """timeout_s without a message raises SubscriberTimeout (a TimeoutError naming the stream and the wait), in
+    plain scripts and under asyncio; quiet_s ends the iteration quietly; close() ends it without an error."""
+    rng = np.random.default_rng(33)
+
+    async def main():
+        async with (
+            ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=None) as pub,
+            Subscriber(pub.endpoint, late_join=False) as sub,
+        ):
+            await joined(pub, sub)
+            await pub.publish_event(make_event(rng))
+            first = await anext(sub.events(timeout_s=2))
+            with pytest.raises(SubscriberTimeout) as exc:
+                await anext(sub.events(timeout_s=0.2))
+            quiet = [s async for s in sub.snapshots(quiet_s=0.2)]
+            return first, exc.value, quiet
+
+    first, timeout, quiet = asyncio.run(main())
+    assert first is not None and quiet == []
+    assert isinstance(timeout, TimeoutError) and (timeout.stream, timeout.timeout_s) == ("event", 0.2)
+    assert "no event from tcp://" in str(timeout) and "1 received so far" in str(timeout), timeout
+
+    with Subscriber("tcp://127.0.0.1:9", late_join=False) as sub:  # discard port: nothing publishes there
+        with pytest.raises(SubscriberTimeout, match=r"no snapshot .* within timeout_s=0\.3 s"):
+            for _ in sub.iter_snapshots(timeout_s=0.3):
+                pass
+        assert list(sub.iter_events(quiet_s=0.2)) == []
+        ended = threading.Event()
+
+        def consume() -> None:
+            for _ in sub.iter_snapshots(timeout_s=30):  # close() ends it long before the timeout
+                pass
+            ended.set()
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        time.sleep(0.1)
+    assert ended.wait(3)  # __exit__ closed it: StopIteration, not SubscriberTimeout
+    worker.join()
+
+
+def test_an_iterator_raises_what_stopped_the_client(monkeypatch):
+    """A client that stops on an unexpected error ends each iterator with a StreamcorrError from that error, not
+    with the silent end that close() gives."""
+    np.random.default_rng(34)
+    import streamcorr.publish.subscriber as subscriber_module
+
+    async def broken(*args, **kwargs):
+        args[3].set()  # ready, then a bug in the receive loop
+        await asyncio.sleep(0.1)
+        raise RuntimeError("decoder bug")
+
+    monkeypatch.setattr(subscriber_module, "receive_zmq", broken)
+    sub = Subscriber("tcp://127.0.0.1:9", late_join=False)
+    with sub, pytest.raises(StreamcorrError, match="stopped: decoder bug") as exc:
+        list(sub.iter_snapshots(timeout_s=5))
+    assert isinstance(exc.value.__cause__, RuntimeError)
+
+
+def test_timeout_s_and_quiet_s_are_checked_when_the_iterator_is_made():
+    """Both at once, zero, negative or non-numeric waits are ConfigErrors naming the fix, before any wait."""
+    np.random.default_rng(35)
+    sub = Subscriber("tcp://127.0.0.1:9", late_join=False)
+    for kwargs, message in [
+        ({"timeout_s": 1, "quiet_s": 1}, "not both"),
+        ({"timeout_s": 0}, "timeout_s must be a positive"),
+        ({"quiet_s": -1.0}, "quiet_s must be a positive"),
+        ({"timeout_s": "5"}, "timeout_s must be a positive"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            sub.iter_snapshots(**kwargs)
+        with pytest.raises(ConfigError, match=message):
+            sub.events(**kwargs)
+    assert sub._mode is None  # nothing was started
 
 
 def test_subscriber_rejects_bad_configuration_and_unstarted_use():

@@ -24,6 +24,9 @@ Two ways to consume, one per subscriber:
 - plain scripts: ``with Subscriber(url) as sub:`` then ``for snap in sub.iter_snapshots(timeout_s=10):``
   (the client runs on an event loop in a background thread).
 
+Either iterator ends at ``close()``; ``timeout_s`` raises :class:`~streamcorr.errors.SubscriberTimeout` when
+that long passes without a message, ``quiet_s`` ends quietly instead (see :meth:`Subscriber.iter_snapshots`).
+
 The network side, one function per transport, is in :mod:`streamcorr.publish.subscriber_receive`.
 """
 
@@ -39,19 +42,16 @@ import time
 from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import SplitResult, urlsplit
 
 import zmq.asyncio
-from pydantic import ValidationError
 
 from ..changes import ChangeEvent
-from ..config import MqttConnection, Tls
-from ..errors import ConfigError, StreamcorrError
+from ..config import MqttConnection
+from ..errors import ConfigError, StreamcorrError, SubscriberTimeout
 from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
-from ..transport.mqtt import check_settings
 from .envelope import STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
-from .subscriber_receive import receive_mqtt, receive_zmq
+from .subscriber_receive import parse_url, receive_mqtt, receive_zmq
 
 __all__ = ["Subscriber", "SubscriberCounters"]
 
@@ -120,7 +120,7 @@ class Subscriber:
         self._stream_of = {topic(prefix, s): s for s in streams}
         self._context = context
         self.url = url
-        self.transport, self.settings, self.snapshot_url = _parse_url(url, settings, snapshot_url)
+        self.transport, self.settings, self.snapshot_url = parse_url(url, settings, snapshot_url)
         self.counters = SubscriberCounters()
         self._last_seq: dict[str, int] = {}
         self._status: Status | None = None
@@ -286,32 +286,48 @@ class Subscriber:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _aiter(self, key: str, timeout_s: float | None) -> AsyncIterator[Any]:
+    async def _aiter(self, key: str, wait: tuple[float | None, bool]) -> AsyncIterator[Any]:
         if self._mode != "async":
             raise StreamcorrError("start the subscriber first: `async with Subscriber(...) as sub:`")
         self._status_stream |= key == "status"
         q: asyncio.Queue[Any] = self._queues[key]
         while True:
             try:
-                item = await asyncio.wait_for(q.get(), timeout_s)
+                item = await asyncio.wait_for(q.get(), wait[0])
             except TimeoutError:
+                self._end(key, None if wait[1] else wait[0])
                 return
             if item is _CLOSED:
                 q.put_nowait(_CLOSED)  # for any other iterator on this queue
+                self._end(key)
                 return
             yield item
 
-    def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
-        """Snapshots as they arrive (first the retained / cached one); ends after timeout_s without one."""
-        return self._aiter("snapshot", timeout_s)
+    def snapshots(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[Snapshot]:
+        """Snapshots as they arrive (first the retained / cached one); how it ends: as :meth:`iter_snapshots`."""
+        return self._aiter("snapshot", _wait(timeout_s, quiet_s))
 
-    def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
-        """Change events as they arrive; ends after timeout_s without one."""
-        return self._aiter("event", timeout_s)
+    def events(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[ChangeEvent]:
+        """Change events as they arrive; how it ends: as :meth:`iter_snapshots`."""
+        return self._aiter("event", _wait(timeout_s, quiet_s))
 
-    def statuses(self, timeout_s: float | None = None) -> AsyncIterator[Status]:
-        """Status messages from the first call on; ends after timeout_s without one. (``status()`` is the newest.)"""
-        return self._aiter("status", timeout_s)
+    def statuses(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[Status]:
+        """Status messages from the first call on (``status()``: the newest); ends as :meth:`iter_snapshots`."""
+        return self._aiter("status", _wait(timeout_s, quiet_s))
+
+    def _end(self, key: str, timed_out_s: float | None = None) -> None:
+        """An iterator's end: a return after close() or quiet_s; SubscriberTimeout after ``timed_out_s`` (its
+        timeout_s); a StreamcorrError from what stopped the client otherwise."""
+        if timed_out_s is not None:
+            seen = sum(n for stream, n in self.counters.received.items() if _OUTBOX[stream] == key)
+            why = (f"{seen} received so far" if self.ready else
+                   "not subscribed yet: is the broker or publisher at this address running?")  # fmt: skip
+            raise SubscriberTimeout(
+                f"no {key} from {self.url} (prefix {self.prefix!r}) within timeout_s={timed_out_s:g} s; {why}. "
+                "To end quietly instead, pass quiet_s=...", stream=key, timeout_s=timed_out_s,
+            )  # fmt: skip
+        if self._error is not None:
+            raise StreamcorrError(f"the subscriber to {self.url} stopped: {self._error}") from self._error
 
     # -- plain-thread use -----------------------------------------------------------------------------
     def start_background(self) -> None:
@@ -365,34 +381,65 @@ class Subscriber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _iter(self, key: str, timeout_s: float | None) -> Iterator[Any]:
+    def _iter(self, key: str, wait: tuple[float | None, bool]) -> Iterator[Any]:
         self.start_background()
         self._status_stream |= key == "status"
         q: queue.Queue[Any] = self._queues[key]
         while True:
             try:
-                item = q.get(timeout=timeout_s)
+                item = q.get(timeout=wait[0])
             except queue.Empty:
+                self._end(key, None if wait[1] else wait[0])
                 return
             if item is _CLOSED:
                 self._offer(key, _CLOSED)
+                self._end(key)
                 return
             yield item
 
-    def iter_snapshots(self, timeout_s: float | None = None) -> Iterator[Snapshot]:
-        """Blocking: snapshots as they arrive; ends after timeout_s without one, or at close()."""
-        return self._iter("snapshot", timeout_s)
+    def iter_snapshots(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[Snapshot]:
+        """Blocking: snapshots as they arrive. It ends (``StopIteration``) at ``close()``, and
 
-    def iter_events(self, timeout_s: float | None = None) -> Iterator[ChangeEvent]:
-        """Blocking: change events as they arrive; ends after timeout_s without one, or at close()."""
-        return self._iter("event", timeout_s)
+        - with ``timeout_s``: raises :class:`~streamcorr.errors.SubscriberTimeout` (a ``TimeoutError``) once
+          that many seconds pass without a snapshot: a silent publisher is an error, never an empty result;
+        - with ``quiet_s`` instead: ends quietly once that many seconds pass without one (take what comes);
+        - with neither: waits as long as it takes.
 
-    def iter_statuses(self, timeout_s: float | None = None) -> Iterator[Status]:
-        """Blocking: status messages from the first call on; ends after timeout_s without one, or at close()."""
-        return self._iter("status", timeout_s)
+        The client stopping on an error raises a StreamcorrError from it. Nothing publishes here, so:
+
+        >>> from streamcorr.errors import SubscriberTimeout
+        >>> with Subscriber("tcp://127.0.0.1:5599", late_join=False) as sub:
+        ...     try:
+        ...         for snap in sub.iter_snapshots(timeout_s=0.2):
+        ...             print(snap.seq)
+        ...     except SubscriberTimeout as exc:
+        ...         print(f"no {exc.stream} for {exc.timeout_s} s")
+        ...     print([snap.seq for snap in sub.iter_snapshots(quiet_s=0.2)])
+        no snapshot for 0.2 s
+        []
+        """
+        return self._iter("snapshot", _wait(timeout_s, quiet_s))
+
+    def iter_events(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[ChangeEvent]:
+        """Blocking: change events as they arrive; how it ends: as :meth:`iter_snapshots`."""
+        return self._iter("event", _wait(timeout_s, quiet_s))
+
+    def iter_statuses(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[Status]:
+        """Blocking: status messages from the first call on; how it ends: as :meth:`iter_snapshots`."""
+        return self._iter("status", _wait(timeout_s, quiet_s))
 
     def __repr__(self) -> str:
         return f"Subscriber({self.url!r}, prefix={self.prefix!r}, ready={self.ready}, gaps={self.gaps})"
+
+
+def _wait(timeout_s: float | None, quiet_s: float | None) -> tuple[float | None, bool]:
+    """(seconds to wait for each message, whether running out ends quietly); ConfigError for bad values."""
+    for name, value in (("timeout_s", timeout_s), ("quiet_s", quiet_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+            raise ConfigError(f"{name} must be a positive number of seconds (or None); got {value!r}")
+    if timeout_s is not None and quiet_s is not None:
+        raise ConfigError("give timeout_s (raise SubscriberTimeout) or quiet_s (end quietly), not both")
+    return (quiet_s, True) if quiet_s is not None else (timeout_s, False)
 
 
 def _check_streams(streams: Collection[str], queue_size: int) -> tuple[str, ...]:
@@ -406,47 +453,3 @@ def _check_streams(streams: Collection[str], queue_size: int) -> tuple[str, ...]
     if "snapshot" in streams and "pairs" in streams:
         raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
     return streams
-
-
-def _parse_url(
-    url: str, settings: MqttConnection | None, snapshot_url: str | None
-) -> tuple[Literal["mqtt", "zmq"], MqttConnection | None, str | None]:
-    """(transport, MQTT connection, late-joiner url) for a Subscriber's url; ConfigError for one it cannot use."""
-    parts = urlsplit(url)
-    if parts.scheme in ("mqtt", "mqtts"):
-        return "mqtt", _mqtt_connection(parts, url, settings), None
-    if parts.scheme not in ("tcp", "ipc"):
-        raise ConfigError(f"url must start with mqtt://, mqtts://, tcp:// or ipc://; got {url!r}")
-    if settings is not None:
-        raise ConfigError("settings are MQTT options; this url is ZeroMQ")
-    if snapshot_url is None and parts.scheme == "tcp":
-        try:
-            port = parts.port
-        except ValueError as exc:
-            raise ConfigError(f"bad port in {url!r}: {exc}") from exc
-        if port is None:
-            raise ConfigError(f"a ZeroMQ url needs a port, e.g. tcp://127.0.0.1:5556; got {url!r}")
-        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
-        snapshot_url = f"tcp://{host}:{port + 1}"  # the publisher's default pairing
-    return "zmq", None, snapshot_url
-
-
-def _mqtt_connection(parts: SplitResult, url: str, settings: MqttConnection | None) -> MqttConnection:
-    """Host, port, login and TLS from the url; everything else from ``settings``."""
-    tls = parts.scheme == "mqtts"
-    base = MqttConnection() if settings is None else check_settings(settings)
-    try:
-        port = parts.port or (8883 if tls else 1883)
-    except ValueError as exc:
-        raise ConfigError(f"bad port in {url!r}: {exc}") from exc
-    fields = base.model_dump(include=set(MqttConnection.model_fields)) | {
-        "host": parts.hostname or base.host,
-        "port": port,
-        "username": parts.username or base.username,
-        "password": parts.password or base.password,
-        "tls": base.tls or (Tls() if tls else None),
-    }
-    try:
-        return MqttConnection.model_validate(fields)
-    except ValidationError as exc:
-        raise ConfigError(f"bad MQTT settings from {url!r}: {exc.errors()[0]['msg']}") from None

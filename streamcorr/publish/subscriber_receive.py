@@ -6,6 +6,8 @@ replay=...)`` until cancelled, and sets ``ready`` while messages can arrive.
   qualifies) and reads; ``replay`` is the message's retain flag.
 - ZeroMQ: a SUB socket from :mod:`streamcorr.transport.zmq`, after one request to the publisher's last-value
   cache for its newest snapshot and status (``replay=True``), so that a late joiner need not wait for a hop.
+
+:func:`parse_url` turns a Subscriber's url into its transport and connection settings.
 """
 
 from __future__ import annotations
@@ -13,22 +15,25 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+from urllib.parse import SplitResult, urlsplit
 
 import aiomqtt
 import zmq
 import zmq.asyncio
+from pydantic import ValidationError
 
-from ..config import MqttConnection
+from ..config import MqttConnection, Tls
+from ..errors import ConfigError
 from ..logutil import RateLimitedLog
-from ..transport.mqtt import keep_connected, make_client
+from ..transport.mqtt import check_settings, keep_connected, make_client
 from ..transport.zmq import attach, make_socket
 from .envelope import MAX_ENVELOPE_BYTES
 
 if TYPE_CHECKING:
     from .subscriber import SubscriberCounters
 
-__all__ = ["Handle", "receive_mqtt", "receive_zmq"]
+__all__ = ["Handle", "parse_url", "receive_mqtt", "receive_zmq"]
 
 log = logging.getLogger("streamcorr.subscriber")
 
@@ -136,3 +141,47 @@ async def _ask_latest(
     pairs = [(frames[k].decode("utf-8", "replace"), frames[k + 1]) for k in range(0, len(frames) - 1, 2)]
     rank = {name: k for k, name in enumerate(topics)}
     return sorted(pairs, key=lambda tp: rank.get(tp[0], len(rank)))  # status first, as for MQTT
+
+
+def parse_url(
+    url: str, settings: MqttConnection | None, snapshot_url: str | None
+) -> tuple[Literal["mqtt", "zmq"], MqttConnection | None, str | None]:
+    """(transport, MQTT connection, late-joiner url) for a Subscriber's url; ConfigError for one it cannot use."""
+    parts = urlsplit(url)
+    if parts.scheme in ("mqtt", "mqtts"):
+        return "mqtt", _mqtt_connection(parts, url, settings), None
+    if parts.scheme not in ("tcp", "ipc"):
+        raise ConfigError(f"url must start with mqtt://, mqtts://, tcp:// or ipc://; got {url!r}")
+    if settings is not None:
+        raise ConfigError("settings are MQTT options; this url is ZeroMQ")
+    if snapshot_url is None and parts.scheme == "tcp":
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+        if port is None:
+            raise ConfigError(f"a ZeroMQ url needs a port, e.g. tcp://127.0.0.1:5556; got {url!r}")
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        snapshot_url = f"tcp://{host}:{port + 1}"  # the publisher's default pairing
+    return "zmq", None, snapshot_url
+
+
+def _mqtt_connection(parts: SplitResult, url: str, settings: MqttConnection | None) -> MqttConnection:
+    """Host, port, login and TLS from the url; everything else from ``settings``."""
+    tls = parts.scheme == "mqtts"
+    base = MqttConnection() if settings is None else check_settings(settings)
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError as exc:
+        raise ConfigError(f"bad port in {url!r}: {exc}") from exc
+    fields = base.model_dump(include=set(MqttConnection.model_fields)) | {
+        "host": parts.hostname or base.host,
+        "port": port,
+        "username": parts.username or base.username,
+        "password": parts.password or base.password,
+        "tls": base.tls or (Tls() if tls else None),
+    }
+    try:
+        return MqttConnection.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError(f"bad MQTT settings from {url!r}: {exc.errors()[0]['msg']}") from None
