@@ -125,7 +125,7 @@ class Intake:
             return ch
         if self._refused(name, n):
             return None
-        self._log(logging.INFO, "new_channel", "new channel %.80r", name)
+        self._log.each(logging.INFO, "new_channel", "new channel %.80r", name)  # each name: a fact of its own
         self.add_channel(name)
         return self.channels[name]
 

@@ -1,17 +1,35 @@
-"""Rate-limited logging for bad input and flapping connections: one line per kind, not one per message."""
+"""Rate-limited logging for bad input and flapping connections: one line per kind, not one per message; distinct
+facts (a new channel, each with its own name) one line each, summarised only under a flood."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .config import Logging
 
-__all__ = ["RateLimitedLog", "RepeatLimitFilter", "broker_hint", "setup_logging"]
+__all__ = ["DISTINCT", "RateLimitedLog", "RepeatLimitFilter", "broker_hint", "setup_logging"]
+
+# ``extra=DISTINCT`` on a log call: its every message is a fact of its own (a channel's name in it), so
+# RepeatLimitFilter limits repeats of the same text, not of the template
+DISTINCT = {"distinct": True}
+
+
+@dataclass
+class _Flood:
+    """Distinct facts of one key in the current window: how many were logged, and those held back."""
+
+    start: float
+    logged: int = 0
+    held: int = 0
+    names: list[str] = field(default_factory=list)  # the first held messages, for the summary
+    level: int = logging.INFO
 
 
 class RateLimitedLog:
@@ -27,6 +45,9 @@ class RateLimitedLog:
         self.logger = logger
         self.interval_s = interval_s
         self._state: dict[str, tuple[float, int]] = {}  # key -> (last logged, suppressed since)
+        self._floods: dict[str, _Flood] = {}  # each(): per key
+        self._lock = threading.Lock()  # each() may be called from several threads, flush() from a timer
+        self._timer: threading.Timer | None = None
 
     def __call__(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> bool:
         now = time.monotonic()
@@ -45,6 +66,57 @@ class RateLimitedLog:
 
     def warning(self, key: str, msg: str, *args: object) -> bool:
         return self(logging.WARNING, key, msg, *args)
+
+    def each(self, level: int, key: str, msg: str, *args: object, burst: int = 20) -> bool:
+        """Log a distinct fact (a new channel: its name in ``args``), never as a repeat of its template: up to
+        ``burst`` per ``interval_s`` for ``key`` get a line each (marked DISTINCT for RepeatLimitFilter); under
+        a flood the rest are held back, and within ``interval_s`` one line gives their count and the first
+        ``burst`` of them (a timer calls :meth:`flush`).
+
+        >>> import logging
+        >>> rl = RateLimitedLog(logging.getLogger("doctest"), interval_s=60)
+        >>> [rl.each(logging.INFO, "new", "new channel %r", name, burst=2) for name in "abcd"]
+        [True, True, False, False]
+        >>> rl.flush()  # logs "new: 2 more held back in a flood of 0 s: new channel 'c'; new channel 'd'"
+        1
+        """
+        now = time.monotonic()
+        with self._lock:
+            flood = self._floods.get(key)
+            if flood is not None and now - flood.start >= self.interval_s:
+                self._summarise(key)
+                flood = None
+            if flood is None:
+                if len(self._floods) > 1024:  # keys are meant to be few (kinds of fact)
+                    self._floods.clear()
+                flood = self._floods[key] = _Flood(now, level=level)
+            if flood.logged < burst:
+                flood.logged += 1
+                self.logger.log(level, msg, *args, extra=DISTINCT)
+                return True
+            flood.held += 1
+            if len(flood.names) < burst:
+                flood.names.append(msg % args if args else msg)
+            if self._timer is None:  # one summary within interval_s, even if nothing else is logged
+                self._timer = threading.Timer(max(0.0, flood.start + self.interval_s - now), self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+            return False
+
+    def flush(self) -> int:
+        """Log the summary of every flood held back by :meth:`each`; returns how many lines it logged."""
+        with self._lock:
+            self._timer = None
+            return sum(self._summarise(key) for key in list(self._floods))
+
+    def _summarise(self, key: str) -> int:
+        flood = self._floods.pop(key)
+        if not flood.held:
+            return 0
+        more = f"; and {flood.held - len(flood.names)} more" if flood.held > len(flood.names) else ""
+        self.logger.log(flood.level, "%s: %d more held back in a flood of %.0f s: %s%s", key, flood.held,
+                        time.monotonic() - flood.start, "; ".join(flood.names), more)  # fmt: skip
+        return 1
 
 
 class RepeatLimitFilter(logging.Filter):
@@ -67,7 +139,7 @@ class RepeatLimitFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         now = time.monotonic()
-        key = (record.name, str(record.msg)[:200])
+        key = (record.name, (record.getMessage() if getattr(record, "distinct", False) else str(record.msg))[:200])
         state = self._state.get(key)
         held = 0
         if state is None or now - state[0] >= self.window_s:
