@@ -372,7 +372,8 @@ class Estimator:
         return tab[0], np.linspace(0.0, 1.0, self.grid)
 
     def sliced(self, x: object, y: object, n_projections: int = 128, seed: int = 0) -> float:
-        """Sliced MI (nats) between x (T, dx) and y (T, dy): the mean MI of random 1-D projections.
+        """Sliced MI (nats) between x (T, dx) and y (T, dy): the mean MI of random 1-D projections, a lower bound
+        far below the vectors' MI when they are strongly dependent (see :func:`sliced_mi`).
 
         Projection directions are uniform on the unit spheres, drawn from
         ``np.random.default_rng(seed)``; all projections go through the model in batches.
@@ -424,5 +425,22 @@ def estimate_mi_batch(x: object, y: object) -> np.ndarray:
 
 
 def sliced_mi(x: object, y: object, n_projections: int = 128, seed: int = 0) -> float:
-    """Sliced MI (nats) of x (T, dx) and y (T, dy) with seeded random projections."""
+    """Sliced MI (nats) of x (T, dx) and y (T, dy): the mean MI of ``n_projections`` random 1-D projections of
+    each (seeded), **not** the MI of the vectors. It is zero only for independent x and y and never above their
+    MI (each projection loses information), and for strongly dependent vectors it is far below it: y = a
+    rotation of a 3-axis Gaussian x plus noise of sd 0.5 has MI 2.41 nats, and sliced MI about 0.2.
+
+    Use it to detect and rank dependence between groups of channels whose axes do not line up (a sensor
+    mounted at an unknown angle). For MI in nats use :func:`estimate_mi` on 1-D pairs (the engine's matrix);
+    where the axes correspond, their pairs' MI adds up to the vectors' (Gaussian, independent axes):
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.standard_normal((2000, 3))
+    >>> rot, _ = np.linalg.qr(rng.standard_normal((3, 3)))  # an orthogonal matrix
+    >>> y = x @ rot.T + 0.5 * rng.standard_normal((2000, 3))  # MI = 3 * 0.5 * log(1 + 1 / 0.5**2) = 2.41 nats
+    >>> 0.1 < sliced_mi(x, y) < 0.3
+    True
+    >>> 2.1 < sum(estimate_mi(x[:, k], (y @ rot)[:, k]) for k in range(3)) < 2.7  # the axes lined up again
+    True
+    """
     return default_estimator().sliced(x, y, n_projections=n_projections, seed=seed)
