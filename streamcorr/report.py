@@ -33,7 +33,7 @@ from .errors import InputError
 from .outfiles import write_file
 from .report_input import load_output
 
-__all__ = ["write_report"]
+__all__ = ["time_ticks", "write_report"]
 
 # magma, reversed: light is independent, dark is strong
 _STOPS = [
@@ -212,6 +212,44 @@ def _x(t_ns: float, hops: np.ndarray) -> float:
     return _PAD_L + (t_ns - lo) / (hi - lo) * (_W - _PAD_L - 10) if hi > lo else _PAD_L
 
 
+# tick steps in seconds, and the unit each is labelled in (so labels stay short: "90 s", "15 min", "6 h")
+_STEPS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_TICKS = 9  # labelled ticks on a time axis at most (labels of 5-7 characters on 850 px)
+
+
+def time_ticks(lo_s: float, hi_s: float) -> list[tuple[float, str]]:
+    """(seconds, label) of the ticks on a time axis from lo_s to hi_s: the first step of ``_STEPS_S`` that gives
+    at most MAX_TICKS, labelled with their unit.
+
+    >>> [label for _, label in time_ticks(0, 400)]
+    ['0 min', '1 min', '2 min', '3 min', '4 min', '5 min', '6 min']
+    >>> [label for _, label in time_ticks(2.5, 9)]
+    ['3 s', '4 s', '5 s', '6 s', '7 s', '8 s', '9 s']
+    """
+    span = hi_s - lo_s
+    step = next((st for st in _STEPS_S if span / st <= MAX_TICKS - 1), 0.0)
+    if not step:  # beyond 8 days: 1, 2 or 5 times a power of ten days
+        days = span / (MAX_TICKS - 1) / 86400
+        power = 10 ** np.floor(np.log10(days))
+        step = 86400 * power * next(m for m in (1, 2, 5, 10) if m * power >= days)
+    unit, name = next(u for u in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")) if step >= u[0] or u[0] == 1)
+    first = np.ceil(lo_s / step - 1e-9) * step + 0.0  # + 0.0: never -0
+    ticks = np.arange(first, hi_s + step * 1e-9, step)
+    return [(float(v), f"{v / unit:.6f}".rstrip("0").rstrip(".") + f" {name}") for v in ticks]
+
+
+def _time_axis(hops: np.ndarray, t0: float, y_line: float, y_text: float) -> str:
+    """The time axis under a plot: a base line and, at each of ``time_ticks``, a tick, a faint grid line and
+    its label (stream seconds from the log's start)."""
+    out = [f"<line x1='{_PAD_L}' y1='{y_line}' x2='{_W - 10}' y2='{y_line}' stroke='#999'/>"]
+    for v, label in time_ticks(hops[0] / 1e9 - t0, hops[-1] / 1e9 - t0):
+        x = _x((v + t0) * 1e9, hops)
+        anchor = "end" if x > _W - 30 else "start" if x < _PAD_L + 10 else "middle"
+        out.append(f"<line class='tick' x1='{x:.1f}' y1='2' x2='{x:.1f}' y2='{y_line + 3}' stroke='#eee'/>"
+                   f"<text class='tick' x='{x:.1f}' y='{y_text}' text-anchor='{anchor}'>{label}</text>")  # fmt: skip
+    return "".join(out)
+
+
 def _line_svg(
     pair: str, t: np.ndarray, mi: np.ndarray, dep: np.ndarray, n_eff: np.ndarray, events: list[dict[str, Any]],
     hops: np.ndarray, t0: float, color: str,
@@ -241,11 +279,9 @@ def _line_svg(
         for c in [_KIND_COLOR.get(e["change"], "#000")]
     )
     band = _dependent_band(t, dep, hops, color)
-    axis = (f"<line x1='{_PAD_L}' y1='{_H - _PAD_B}' x2='{_W - 10}' y2='{_H - _PAD_B}' stroke='#999'/>"
-            f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
-            f"<text x='{_PAD_L - 4}' y='{y(top / 1.1) + 4:.0f}' text-anchor='end'>{top / 1.1:.2f}</text>"
-            f"<text x='{_PAD_L}' y='{_H - 4}'>{hops[0] / 1e9 - t0:.0f} s</text>"
-            f"<text x='{_W - 10}' y='{_H - 4}' text-anchor='end'>{hops[-1] / 1e9 - t0:.0f} s</text>")  # fmt: skip
+    axis = (_time_axis(hops, t0, _H - _PAD_B, _H - 4)
+            + f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
+            f"<text x='{_PAD_L - 4}' y='{y(top / 1.1) + 4:.0f}' text-anchor='end'>{top / 1.1:.2f}</text>")  # fmt: skip
     name = _esc(f"{a} ~ {b}")
     known = dep >= 0
     sig = ""
@@ -288,9 +324,7 @@ def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> s
         f"{_esc(e['a'] + ' ~ ' + e['b'] + ': ' + _event_text(e, t0))}</title></line>"
         for e in events
     )  # fmt: skip
-    axis = (f"<line x1='{_PAD_L}' y1='{h - 14}' x2='{_W - 10}' y2='{h - 14}' stroke='#999'/>"
-            f"<text x='{_PAD_L}' y='{h - 2}'>{hops[0] / 1e9 - t0:.0f} s</text>"
-            f"<text x='{_W - 10}' y='{h - 2}' text-anchor='end'>{hops[-1] / 1e9 - t0:.0f} s</text>")  # fmt: skip
+    axis = _time_axis(hops, t0, h - 14, h - 2)
     return f"<svg id='event-strip' viewBox='0 0 {_W} {h}' width='{_W}' height='{h}'>{axis}{ticks}</svg>"
 
 
@@ -333,9 +367,24 @@ def _table_svg(tb: dict[str, Any]) -> str:
     name = _esc(f"{tb['a']} ~ {tb['b']}")
     return (
         f"<figure class='theta'><figcaption>{name}<br><span class='note'>MI {tb['mi']:.3f} nats; "
-        f"&theta; in &plusmn;{lim:.2f}</span></figcaption><img src='{uri}' width='180' height='180' "
-        f"alt='lookup table {name}' style='image-rendering: pixelated; border: 1px solid #ccc'></figure>"
+        f"&theta; in &plusmn;{lim:.2f}</span></figcaption><div class='cells'><img src='{uri}' width='180' "
+        f"height='180' alt='lookup table {name}'>{_table_hover(theta, str(tb['a']), str(tb['b']))}</div></figure>"
     )
+
+
+def _table_hover(theta: np.ndarray, a: str, b: str) -> str:
+    """An SVG over the table's image with one transparent cell per node whose <title> (the hover text) gives both
+    channels' ranks there and theta; ``theta`` (G, G) as drawn, a's rank upwards."""
+    g = theta.shape[0]
+    ranks = np.linspace(0.0, 1.0, g)  # the table's nodes
+    sa, sb = _esc(a if len(a) <= 24 else a[:23] + "\u2026"), _esc(b if len(b) <= 24 else b[:23] + "\u2026")
+    cells = "".join(
+        f"<rect x='{c}' y='{r}' width='1' height='1'><title>{sa} rank {ranks[g - 1 - r]:.2f}, {sb} rank "
+        f"{ranks[c]:.2f}: &theta; {theta[r, c]:+.3f}</title></rect>"
+        for r in range(g)
+        for c in range(g)
+    )
+    return f"<svg class='hover' viewBox='0 0 {g} {g}' width='180' height='180' preserveAspectRatio='none'>{cells}</svg>"
 
 
 _PAGE = """<!doctype html>
@@ -355,6 +404,10 @@ figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
 .legend span { display: inline-block; width: 18px; height: 10px; } .legend { font-size: 12px; margin-top: 6px; }
 .initial { color: #666; font-size: 12px; }
 svg text { font-size: 11px; fill: #555; } figure.line { margin-bottom: 10px; }
+figure.theta .cells { position: relative; width: 182px; height: 182px; }
+figure.theta img { image-rendering: pixelated; border: 1px solid #ccc; position: absolute; left: 0; top: 0; }
+svg.hover { position: absolute; left: 1px; top: 1px; } svg.hover rect { fill: transparent; }
+svg.hover rect:hover { stroke: #000; stroke-width: 0.08; }
 table.events { border-collapse: collapse; font-size: 13px; }
 table.events td, table.events th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: left; }
 </style></head>

@@ -1,0 +1,139 @@
+"""The report's readability (issue 29): time axes with labelled intermediate ticks and units, and heatmaps that
+give their value on hover (the MI matrix's cells and each lookup table's cells), hostile names kept as text."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamcorr.report import time_ticks, write_report
+from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
+
+HOSTILE = "<img src=x onerror=alert(1)>&'\""  # a channel name that must stay text
+
+
+def _replay_output(d: Path, rng: np.random.Generator, minutes: float = 7.0) -> list[str]:
+    """A replay output directory written by hand (the columns report_input reads): three channels, one hostile,
+    one hop per 10 s over ``minutes``, an event half way and a 32 x 32 lookup table per pair."""
+    names = ["arm.j1", "arm.j2", HOSTILE]
+    t0 = 1_700_000_000.0
+    hops = t0 + np.arange(10.0, minutes * 60 + 1e-9, 10.0)
+    pairs = [(names[i], names[j]) for i, j in zip(*np.triu_indices(3, 1), strict=True)]
+    rows: dict[str, list] = {"t_ns": [], "a": [], "b": [], "mi": [], "dependent": [], "n_eff": []}
+    for t in hops:
+        for k, (a, b) in enumerate(pairs):
+            mi = float(0.8 if k == 0 else rng.uniform(0, 0.05))
+            rows["t_ns"].append(int(t * 1e9))
+            rows["a"].append(a)
+            rows["b"].append(b)
+            rows["mi"].append(mi)
+            rows["dependent"].append(k == 0)
+            rows["n_eff"].append(200.0)
+    d.mkdir()
+    pq.write_table(pa.table(rows), d / "timeline.parquet")
+    mid = hops[len(hops) // 2]
+    event = {"time": [float(mid)], "t_ns": [int(mid * 1e9)], "a": [names[0]], "b": [HOSTILE],
+             "change": ["became-dependent"], "previous": [0.01], "current": [0.3], "initial": [False]}  # fmt: skip
+    pq.write_table(pa.table(event), d / "events.parquet")
+    info = {"log": "hand.csv", "log_kind": "csv", "channels": names, "rate_hz": 10, "window_len": 64,
+            "hop_samples": 100, "hop_s": 10.0, "t_start": t0, "t_end": float(hops[-1])}  # fmt: skip
+    (d / "replay.json").write_text(json.dumps(info))
+    tables = [{"a": a, "b": b, "mi": 0.5, "table": rng.uniform(-1, 1, (32, 32)).round(4).tolist()} for a, b in pairs]
+    (d / "tables.json").write_text(json.dumps({"time": float(hops[-1]), "pairs": tables}))
+    return names
+
+
+def test_time_ticks_are_round_steps_with_units_for_every_span():
+    """Between 3 and 9 ticks at round steps, each labelled with its unit, from a fraction of a second to a year."""
+    rng = np.random.default_rng(50)
+    for span in [0.5, 7, 59, 420, 3600, 86_400 * 3, 3e7, *rng.uniform(1, 1e6, 20)]:
+        ticks = time_ticks(0.0, float(span))
+        assert 3 <= len(ticks) <= 9, (span, ticks)
+        steps = np.diff([v for v, _ in ticks])
+        assert np.allclose(steps, steps[0]) and ticks[-1][0] <= span, (span, ticks)
+        assert all(re.fullmatch(r"\d+(\.\d+)? (s|min|h|d)", label) for _, label in ticks), (span, ticks)
+
+
+def test_mi_over_time_plots_label_intermediate_ticks_with_units(tmp_path):
+    """A 7-minute replay's MI lines and event strip each carry labelled ticks at every minute between the ends,
+    placed in order along the axis."""
+    rng = np.random.default_rng(51)
+    _replay_output(tmp_path / "out", rng)
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    plots = re.findall(r"<svg viewBox='0 0 900 110'.*?</svg>", page)
+    plots += re.findall(r"<svg id='event-strip'.*?</svg>", page)
+    assert len(plots) >= 3
+    for svg in plots:
+        ticks = re.findall(r"<text class='tick' x='([\d.]+)' y='[\d.]+' text-anchor='\w+'>([^<]+)</text>", svg)
+        labels = [label for _, label in ticks]
+        assert labels == [f"{k} min" for k in range(1, 8)], labels  # the first hop is at 10 s
+        xs = [float(x) for x, _ in ticks]
+        assert xs == sorted(xs) and len(set(xs)) == len(xs)
+
+
+def test_heatmap_cells_have_hover_text_with_names_and_value_escaped(tmp_path):
+    """Every matrix cell has a title naming its pair and MI; every lookup-table cell has an SVG <title> with
+    both channels' ranks and theta; the hostile name appears only escaped."""
+    rng = np.random.default_rng(52)
+    _replay_output(tmp_path / "out", rng)
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;&amp;&#x27;&quot;" in page
+    assert "title='arm.j1 ~ arm.j2: 0.800 nats; dependent; n_eff 200'" in page
+    hover = re.findall(r"<svg class='hover'.*?</svg>", page)
+    assert len(hover) == 3 and all(h.count("<rect ") == 32 * 32 for h in hover)
+    assert re.search(r"<title>arm\.j1 rank 1\.00, arm\.j2 rank 0\.00: &theta; [+-]\d\.\d{3}</title>", hover[0])
+
+
+def test_hovering_the_heatmaps_in_chromium_shows_names_and_values(tmp_path, chromium):  # noqa: F811
+    """In a real browser, the element under the mouse on a matrix cell and on a lookup-table cell carries the
+    hover text (title) with the pair's names as text, the hostile one unexecuted, and the value."""
+    rng = np.random.default_rng(53)
+    _replay_output(tmp_path / "out", rng)
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    dialogs: list[str] = []
+    page.on("dialog", lambda dlg: (dialogs.append(dlg.message), dlg.dismiss()))
+    try:
+        page.goto((tmp_path / "r.html").as_uri())
+        page.wait_for_load_state("load")
+        under = """([x, y]) => { const e = document.elementFromPoint(x, y);
+            return e.getAttribute('title') || (e.querySelector('title') || {}).textContent || ''; }"""
+        cell = page.locator("figure.matrix table.mat tr").nth(3).locator("td").nth(0)  # hostile row, arm.j1 column
+        cell.scroll_into_view_if_needed()
+        box = cell.bounding_box()
+        assert box is not None
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        tip = page.evaluate(under, [box["x"] + box["width"] / 2, box["y"] + box["height"] / 2])
+        assert tip.startswith(f"{HOSTILE} ~ arm.j1: ") and " nats" in tip, tip
+        theta = page.locator("figure.theta .cells").nth(0)
+        theta.scroll_into_view_if_needed()
+        box = theta.bounding_box()
+        assert box is not None
+        x, y = box["x"] + 1 + 180 * 2.5 / 32, box["y"] + 1 + 180 * 0.5 / 32  # column 2, top row
+        page.mouse.move(x, y)
+        tip = page.evaluate(under, [x, y])
+        assert re.fullmatch(r"arm\.j1 rank 1\.00, arm\.j2 rank 0\.06: θ [+-]\d\.\d{3}", tip), tip
+    finally:
+        page.close()
+    assert dialogs == []
+
+
+@pytest.mark.parametrize("minutes", [0.5, 90.0])
+def test_short_and_long_replays_get_ticks_in_fitting_units(tmp_path, minutes):
+    """30 s of hops gets ticks in seconds, 90 minutes in minutes; never more than 9 labels per axis."""
+    rng = np.random.default_rng(54)
+    _replay_output(tmp_path / "out", rng, minutes=minutes)
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    svg = re.search(r"<svg id='event-strip'.*?</svg>", page)
+    assert svg is not None
+    labels = re.findall(r"<text class='tick'[^>]*>([^<]+)</text>", svg.group(0))
+    assert 3 <= len(labels) <= 9 and all(s.endswith(" s" if minutes < 1 else " min") for s in labels), labels
