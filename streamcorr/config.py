@@ -248,6 +248,10 @@ class ZmqOutput(_Strict):
     bind: bool = True
     snapshot_endpoint: str | None = Field("tcp://127.0.0.1:5557", pattern=r"^(tcp|ipc|inproc)://")
     prefix: str = "streamcorr"
+    # bytes libzmq may hold for one subscriber: its high-water mark becomes max_queue_bytes // largest message - 1
+    # (at least 1), so a subscriber that stops reading costs at most max(this, 2 x the largest message); what it
+    # misses is counted, as a lower bound (streamcorr.publish.zmq_sink)
+    max_queue_bytes: int = Field(8 << 20, ge=1 << 16, le=4 << 30)
     top_k: int | None = Field(None, ge=1)
     threshold: float | None = None
 
@@ -283,6 +287,9 @@ class Http(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(9108, ge=0, le=65535)
     web: bool = False  # serve the live web view at /
+    # bytes waiting for one web client, the frame being written included: its newest snapshot and status are
+    # kept, its oldest events dropped beyond this, counted (streamcorr.publish.outbox)
+    web_max_queue_bytes: int = Field(8 << 20, ge=1 << 16, le=4 << 30)
     max_connections: int = Field(256, ge=1, le=65_536)  # open at once; more are closed at once
     header_timeout_s: float = Field(10.0, gt=0, le=3600)  # to send a request's headers (also between requests)
     snapshot_stale_s: float | None = Field(None, gt=0)  # /healthz: input flowing, no snapshot this long (auto)

@@ -120,7 +120,7 @@ class Daemon:
         if cfg.http.web:
             from .publish.web import WebView
 
-            self.web = WebView(table_fn=self._pair_table)
+            self.web = WebView(table_fn=self._pair_table, max_queue_bytes=cfg.http.web_max_queue_bytes)
             self.outputs.append(SinkGuard("web", self.web))
 
     @property

@@ -58,7 +58,9 @@ __all__ = [
 log = logging.getLogger("streamcorr.daemon")
 
 _SINK_FIELDS = frozenset(f.name for f in dataclasses.fields(SinkCounters))
-_LEDGER_GAUGES = frozenset({"clients", "bytes_on_disk"})  # levels; every other ledger entry only grows
+# levels; every other ledger entry only grows. queued_bytes: what a ZeroMQ or web output holds for its clients now;
+# subscriptions, queue_limit_messages: the ZeroMQ output's subscribed topics and its high-water mark per subscriber
+_LEDGER_GAUGES = frozenset({"clients", "bytes_on_disk", "queued_bytes", "subscriptions", "queue_limit_messages"})
 
 
 def output_ledger(c: SinkCounters) -> dict[str, float]:

@@ -57,14 +57,14 @@ def _config(tmp: Path) -> dict[str, Any]:
                     "false_alarms_per_hour": 3.0, "significance": "iid", "surrogates": 7},
         "outputs": {
             "zmq": {"endpoint": "tcp://127.0.0.1:15556", "bind": False, "snapshot_endpoint": "tcp://127.0.0.1:15557",
-                    "prefix": "pz", "top_k": 4, "threshold": 0.3},
+                    "prefix": "pz", "top_k": 4, "threshold": 0.3, "max_queue_bytes": 1 << 20},
             "mqtt": {**MQTT, "prefix": "pm", "retain_snapshot": False, "queue_size": 55, "top_k": 6,
                      "threshold": 0.4},
             "record": {"directory": str(tmp / "rec"), "rotate_s": 30.0, "max_bytes": 1 << 20, "top_k": 3},
             "status_interval_s": 2.0,
         },
-        "http": {"enabled": True, "host": "localhost", "port": 0, "web": True, "max_connections": 7,
-                 "header_timeout_s": 3.0, "snapshot_stale_s": 42.0, "pair_metrics_top_k": 3,
+        "http": {"enabled": True, "host": "localhost", "port": 0, "web": True, "web_max_queue_bytes": 3 << 20,
+                 "max_connections": 7, "header_timeout_s": 3.0, "snapshot_stale_s": 42.0, "pair_metrics_top_k": 3,
                  "pair_metrics_listed": 5},
         "logging": {"level": "WARNING", "format": "text", "max_repeats_per_10s": 5},
     }
@@ -209,6 +209,7 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         "http.host": lambda p: p.http_url is not None and "//localhost:" in p.http_url,
         "http.port": lambda p: p.http_url is not None and not p.http_url.endswith(":9108"),
         "http.web": lambda p: p.web is not None and p.daemon.web is p.web,
+        "http.web_max_queue_bytes": lambda p: p.web.max_queue_bytes,
         "http.max_connections": lambda p: p.guard.max_connections,
         "http.header_timeout_s": lambda p: p.guard.header_timeout_s,
         "http.snapshot_stale_s": lambda p: p.daemon.snapshot_stale_s,
@@ -221,7 +222,7 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
     for key in ("address", "workers", "device", "cpus_per_worker", "tile_pairs", "max_in_flight", "start_timeout_s"):
         pr[f"compute.{key}"] = lambda p, k=key: getattr(p.ray.settings, k)
     pr["compute.hop_timeout_s"] = lambda p: p.ray.hop_timeout_s
-    for key in ("endpoint", "bind", "snapshot_endpoint", "prefix", "top_k", "threshold"):
+    for key in ("endpoint", "bind", "snapshot_endpoint", "prefix", "top_k", "threshold", "max_queue_bytes"):
         pr[f"outputs.zmq.{key}"] = lambda p, k=key: getattr(p.zmq_out, k)
     for key in ("prefix", "retain_snapshot", "queue_size", "top_k", "threshold"):
         pr[f"outputs.mqtt.{key}"] = lambda p, k=key: getattr(p.mqtt_out, k)

@@ -341,6 +341,7 @@ def test_attached_view_is_a_sink_started_and_stopped_by_its_owner() -> None:
             assert list(view.counters_dict()) == [
                 "clients", "clients_total", "clients_rejected", "clients_timed_out", "messages_sent",
                 "snapshots_dropped", "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy",
+                "queued_bytes",
             ]  # fmt: skip
             assert view.counters_dict()["clients_rejected"] == 1 and view.counters.extra == view.counters_dict()
 

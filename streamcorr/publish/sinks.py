@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import logging
 import math
 import numbers
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -37,7 +40,16 @@ if TYPE_CHECKING:
     from .mqtt_sink import MqttPublisher
     from .zmq_sink import ZmqPublisher
 
-__all__ = ["MqttPublisher", "Publisher", "Sink", "SinkCounters", "ZmqPublisher", "engine_counters", "forward"]
+__all__ = [
+    "MqttPublisher",
+    "Publisher",
+    "Sink",
+    "SinkCounters",
+    "ZmqPublisher",
+    "engine_counters",
+    "forward",
+    "return_free_memory",
+]
 
 log = logging.getLogger("streamcorr.publish")
 
@@ -110,6 +122,34 @@ class SinkCounters:
             else:
                 out[f.name] = value
         return out
+
+
+TRIM_INTERVAL_S = 5.0  # return_free_memory() does its work at most this often
+_last_trim = -math.inf
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (musl, macOS): nothing to call
+        return None
+
+
+def return_free_memory() -> bool:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``); at most every ``TRIM_INTERVAL_S``.
+
+    An output calls it when a slow client leaves: the client's queue is freed at once, but glibc keeps freed
+    pages of its heap (counted in RSS) until asked, so without it the process would stay at its peak. Returns
+    True when it trimmed (False: too soon, or no glibc)."""
+    global _last_trim
+    trim = _malloc_trim()
+    now = time.monotonic()
+    if trim is None or now - _last_trim < TRIM_INTERVAL_S:
+        return False
+    _last_trim = now
+    trim(0)
+    return True
 
 
 def engine_counters(engine: Engine) -> dict[str, int | float]:

@@ -10,9 +10,13 @@ Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served 
   ``counters``, the page's status line: ``status_line(counters)``, by default :func:`web_summary`)
 - ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
 
-Every client has its own bounded outbox: the newest snapshot and the newest status replace unsent ones
-(a slow client skips frames, it never falls behind), events queue up to ``EVENT_QUEUE_LEN`` with the
-oldest dropped. Every drop is counted in :attr:`WebView.counters` (per stream, and in its ``extra`` ledger).
+Every client has its own outbox, bounded in bytes (``max_queue_bytes``, counting the frame being written):
+the newest snapshot and the newest status replace unsent ones (a slow client skips frames, it never falls
+behind); events queue up to ``EVENT_QUEUE_LEN``, and the oldest are dropped while the outbox is over its bytes.
+The newest snapshot and status are always kept, so a client holds at most ``max(max_queue_bytes, the frame
+being written + the newest snapshot + the newest status)`` (messages are ASCII JSON: characters are bytes).
+A client stuck on one frame for ``SEND_TIMEOUT_S`` is closed, and its outbox freed. Every drop is counted in
+:attr:`WebView.counters` (per stream, and in its ``extra`` ledger, with ``queued_bytes`` over all clients).
 """
 
 from __future__ import annotations
@@ -31,19 +35,21 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from ..changes import ChangeEvent
+from ..config import Http
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
-from .sinks import SinkCounters
+from .outbox import EVENT_QUEUE_LEN, Outbox
+from .sinks import SinkCounters, return_free_memory
 
 log = logging.getLogger("streamcorr.publish.web")
 
-__all__ = ["WebView", "web_summary"]
+__all__ = ["EVENT_QUEUE_LEN", "WebView", "web_summary"]
 
 STATIC_DIR = Path(__file__).with_name("static")
-EVENT_QUEUE_LEN = 256  # per client: events are rare, so a full queue means the client is stuck
 RECENT_EVENTS = 50  # replayed to a client when it (re)connects, so its list is not empty
 SEND_TIMEOUT_S = 10.0  # a client that cannot take one frame in this long is disconnected
+DEFAULT_QUEUE_BYTES: int = Http.model_fields["web_max_queue_bytes"].default  # 8 MiB; 256 channels: 2 MiB a snapshot
 MAX_TABLE_REQUESTS = 4  # table_fn calls running or waiting; more get 503 (each costs tens of ms of model time)
 
 TableFn = Callable[[str, str], np.ndarray | None]
@@ -52,10 +58,10 @@ StatusLine = Callable[[Mapping[str, float | int]], Mapping[str, float | int | st
 # The view's own ledger, kept in SinkCounters.extra; counters_dict() returns it (the daemon's /metrics names).
 # clients: connected now; rejected: over max_clients, or after stop(); timed_out: stuck SEND_TIMEOUT_S on one frame;
 # snapshots/stats (status) dropped: replaced before sent; events dropped: oldest, from a full outbox; /api/pair:
-# bad_requests (missing or unknown names), table_errors (table_fn raised, or not (G, G)), table_busy (answered 503).
+# bad_requests (missing or unknown names), table_errors (table_fn raised, or not (G, G)), table_busy (answered 503);
+# queued_bytes: waiting in the outboxes now, frames being written included (a gauge).
 LEDGER = ("clients", "clients_total", "clients_rejected", "clients_timed_out", "messages_sent", "snapshots_dropped",
-          "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy")  # fmt: skip
-_DROP_LEDGER = {"snapshot": "snapshots_dropped", "status": "stats_dropped", "event": "events_dropped"}
+          "stats_dropped", "events_dropped", "bad_requests", "table_errors", "table_busy", "queued_bytes")  # fmt: skip
 
 
 def web_summary(counters: Mapping[str, float | int]) -> dict[str, float | int | str]:
@@ -113,42 +119,6 @@ def _dumps(msg: dict[str, Any]) -> str:
     return json.dumps(msg, separators=(",", ":"), allow_nan=False)
 
 
-class _Outbox:
-    """One client's bounded outbox: latest-only slots for snapshot and status, a short FIFO for events."""
-
-    def __init__(self, counters: SinkCounters) -> None:
-        self.counters = counters
-        self.latest: dict[str, str] = {}  # "snapshot", "status": the newest one not sent yet
-        self.events: collections.deque[str] = collections.deque()
-        self.ready = asyncio.Event()
-
-    def _drop(self, stream: str) -> None:
-        self.counters.dropped[stream] += 1
-        self.counters.extra[_DROP_LEDGER[stream]] += 1
-
-    def put_latest(self, stream: str, text: str) -> None:
-        if stream in self.latest:
-            self._drop(stream)
-        self.latest[stream] = text
-        self.ready.set()
-
-    def put_event(self, text: str) -> None:
-        if len(self.events) >= EVENT_QUEUE_LEN:
-            self.events.popleft()
-            self._drop("event")
-        self.events.append(text)
-        self.ready.set()
-
-    def take(self) -> list[tuple[str, str]]:
-        """Everything pending as (stream, text), events first (they explain the snapshot that follows them)."""
-        out = [("event", text) for text in self.events]
-        out += [(stream, self.latest[stream]) for stream in ("snapshot", "status") if stream in self.latest]
-        self.events.clear()
-        self.latest.clear()
-        self.ready.clear()
-        return out
-
-
 class _History:
     """The last ``maxlen`` snapshots' MI matrices (float32), so any cell's history can be read back."""
 
@@ -204,6 +174,7 @@ class WebView:
         history_len: int = 300,
         table_fn: TableFn | None = None,
         max_clients: int = 16,
+        max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         header_timeout_s: float = 10.0,
         status_line: StatusLine = web_summary,
     ) -> None:
@@ -213,6 +184,8 @@ class WebView:
             raise ConfigError(f"history_len must be >= 1 snapshot; got {history_len}")
         if max_clients < 1:
             raise ConfigError(f"max_clients must be >= 1; got {max_clients}")
+        if max_queue_bytes < 1:
+            raise ConfigError(f"max_queue_bytes must be a positive number of bytes per client; got {max_queue_bytes}")
         for name, fn in (("table_fn", table_fn), ("status_line", status_line)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{name} must be a function (see WebView's parameters); got {fn!r}")
@@ -221,11 +194,12 @@ class WebView:
         self.history_len = history_len
         self.table_fn = table_fn
         self.max_clients = max_clients
+        self.max_queue_bytes = max_queue_bytes  # per client (see the module docstring)
         self.header_timeout_s = header_timeout_s  # standalone server: time to send a request's headers
         self.status_line = status_line
         self.counters = SinkCounters(extra=dict.fromkeys(LEDGER, 0))
         self._history = _History(history_len)
-        self._outboxes: dict[web.WebSocketResponse, _Outbox] = {}
+        self._outboxes: dict[web.WebSocketResponse, Outbox] = {}
         self._latest_snapshot: Snapshot | None = None
         self._latest_snapshot_text: str | None = None  # encoded lazily: no clients, no encoding
         self._latest_status_text: str | None = None
@@ -281,7 +255,7 @@ class WebView:
     @property
     def queue_depth(self) -> int:
         """Messages waiting in the clients' outboxes."""
-        return sum(len(box.events) + len(box.latest) for box in self._outboxes.values())
+        return sum(len(box) for box in self._outboxes.values())
 
     def counters_dict(self) -> dict[str, int]:
         """The view's own ledger (``counters.extra``) as a plain dict, for /metrics."""
@@ -373,7 +347,7 @@ class WebView:
         # it would compress every snapshot once per client on the engine's CPU.
         ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096, compress=False)
         await ws.prepare(request)
-        box = _Outbox(self.counters)
+        box = Outbox(self.counters, self.max_queue_bytes)
         if self._latest_snapshot is not None:
             box.put_latest("snapshot", self._snapshot_text())
         for text in self._recent_events:
@@ -394,23 +368,30 @@ class WebView:
                 await sender
             self._outboxes.pop(ws, None)
             ledger["clients"] = len(self._outboxes)
+            box.clear()
+            return_free_memory()  # a slow client's frames were freed: give the pages back
         return ws
 
-    async def _send_loop(self, ws: web.WebSocketResponse, box: _Outbox) -> None:
+    async def _send_loop(self, ws: web.WebSocketResponse, box: Outbox) -> None:
         while not ws.closed:
             await box.ready.wait()
-            for stream, text in box.take():
-                try:
-                    await asyncio.wait_for(ws.send_str(text), SEND_TIMEOUT_S)
-                except TimeoutError:
-                    self.counters.extra["clients_timed_out"] += 1
-                    self._warn.warning("timeout", "web view: client stuck for %.0f s, closing", SEND_TIMEOUT_S)
-                    await ws.close(code=1008, message=b"too slow")
-                    return
-                except (ConnectionError, RuntimeError):  # closed under us: the reader's finally cleans up
-                    return
-                self.counters.sent[stream] += 1
-                self.counters.extra["messages_sent"] += 1
+            item = box.take()
+            if item is None:
+                continue
+            stream, text = item
+            try:
+                await asyncio.wait_for(ws.send_str(text), SEND_TIMEOUT_S)
+            except TimeoutError:
+                self.counters.extra["clients_timed_out"] += 1
+                self._warn.warning("timeout", "web view: client stuck for %.0f s, closing", SEND_TIMEOUT_S)
+                await ws.close(code=1008, message=b"too slow")
+                return
+            except (ConnectionError, RuntimeError):  # closed under us: the reader's finally cleans up
+                return
+            finally:
+                box.written(text)
+            self.counters.sent[stream] += 1
+            self.counters.extra["messages_sent"] += 1
 
     async def _pair(self, request: web.Request) -> web.Response:
         a, b = request.query.get("a"), request.query.get("b")

@@ -1,46 +1,138 @@
-"""The ZeroMQ sink: envelopes on a PUB socket, and a last-value cache that late joiners ask.
+"""The ZeroMQ sink: envelopes on an XPUB socket whose queue per subscriber is bounded in bytes, and a
+last-value cache that late joiners ask.
 
-Each message is two frames, ``[topic, envelope]``. PUB never blocks: a subscriber that falls
-``sndhwm`` messages behind loses messages inside libzmq, which the subscriber sees as a jump in
-``seq``. The cache is a REP socket on ``snapshot_endpoint``: any request (up to 4 KiB) is answered
-with the frames ``[topic, envelope, topic, envelope, ...]`` of the newest snapshot, pairs list and
-status, or one empty frame before anything was published.
+Each message is two frames, ``[topic, envelope]``; an XPUB socket speaks to SUB sockets exactly as a PUB does.
+The cache is a REP socket on ``snapshot_endpoint``: any request (up to 4 KiB) is answered with the frames
+``[topic, envelope, topic, envelope, ...]`` of the newest snapshot, pairs list and status, or one empty frame
+before anything was published. A subscriber that misses messages sees a jump in ``seq``.
 
-A message that cannot be encoded (a snapshot over the envelope limit, say) is counted in
-``counters.dropped``, logged (rate-limited) and raised as ``InputError`` to the caller; the publisher
-goes on with the next message.
+**Bytes per subscriber.** libzmq keeps one queue per subscriber, bounds it in messages (``ZMQ_SNDHWM``) and
+drops silently what does not fit. The sink derives that mark from ``max_queue_bytes`` and the largest message
+sent so far: ``hwm = max_queue_bytes // largest - 1``, at least 1 and at most ``sndhwm``, lowered before a
+larger message leaves (libzmq applies a new mark to every connected subscriber; one that connects later gets
+it when its subscription arrives, which XPUB reports). A subscriber's queue then holds at most ``hwm``
+messages plus the one its connection is writing: at most ``max(max_queue_bytes, 2 x the largest message)``
+bytes of this process's memory per subscriber (tcp and ipc; an inproc peer adds its own receive mark). A
+message several subscribers hold is held once, and libzmq lets go of a subscriber's queue as soon as it
+leaves. The kernel's socket buffers (a few MiB per connection on Linux) come on top, outside the process.
+Not used, and why: ``ZMQ_XPUB_NODROP`` fails the send for every subscriber while one is full (one stuck
+client would stop them all); ``ZMQ_CONFLATE`` keeps single-part messages only; ``ZMQ_SNDBUF`` bounds the
+kernel's buffer, not libzmq's queue.
+
+**What is counted.** libzmq does not say which subscriber missed which message. Snapshots and pair lists are
+handed to libzmq without a copy, and the sink learns when libzmq lets go of each (pyzmq's ``MessageTracker``):
+
+- ``counters.extra["queued_bytes"]``: bytes of snapshots and pair lists libzmq holds now, each message once
+  (exact); ``queue_depth``: how many;
+- ``counters.dropped["snapshot"]``, ``["pairs"]``: a lower bound on the messages of that stream that at least
+  one subscriber missed. While a message is held, the subscriber holding it has read nothing after it and so
+  takes at most ``hwm`` more; every message of the same stream beyond those is counted, once. Exact for a
+  subscriber that stopped reading (each message it misses once its queue is full); several slow subscribers at
+  a time count as one, and a subscriber that reads slowly may miss more than is counted. Events and status are
+  small and not tracked (a subscriber sees their losses as ``seq`` gaps);
+- ``counters.extra["subscriptions"]``: topics subscribed now, over all subscribers (XPUB reports each
+  subscribe, and a subscriber that leaves as unsubscribes); ``["queue_limit_messages"]``: ``hwm`` now.
+
+A message that cannot be encoded (a snapshot over the envelope limit, say) is counted in ``counters.dropped``,
+logged (rate-limited) and raised as ``InputError`` to the caller; the publisher goes on with the next message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
 from ..changes import ChangeEvent
+from ..config import ZmqOutput
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
 from ..matrix import Snapshot
-from ..transport.zmq import attach, check_endpoint, make_socket
+from ..transport.zmq import attach, check_endpoint, make_socket, make_sync_socket
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
-from .sinks import SinkCounters
+from .sinks import SinkCounters, return_free_memory
 
 __all__ = ["ZmqPublisher"]
 
 log = logging.getLogger("streamcorr.publish.zmq")
 
 MAX_REQUEST_BYTES = 4096  # late-joiner requests carry nothing; bigger ones are refused by libzmq
+MAX_SUBSCRIPTION_BYTES = 4096  # a topic to subscribe to; libzmq drops a subscriber that sends more
 CLOSE_LINGER_MS = 200  # time the final "offline" status gets to leave at stop()
+DEFAULT_QUEUE_BYTES: int = ZmqOutput.model_fields["max_queue_bytes"].default  # 8 MiB: seven 256-channel snapshots
+TRACKED = ("snapshot", "pairs")  # the large messages: sent without a copy, each one's release seen
+HOUSEKEEPING_S = 0.5  # subscriptions read and the gauges refreshed this often while nothing is sent
+MAX_NOTICES_PER_TURN = 10_000  # subscription notices read at a time (a flood must not stall the loop)
+
+
+@dataclass(slots=True)
+class _Held:
+    stream: str
+    index: int  # among the stream's tracked messages, from 1
+    nbytes: int
+    hwm: int  # the mark when it was sent (marks only fall)
+    tracker: zmq.MessageTracker
+
+
+class _Queued:
+    """The tracked messages libzmq still holds, and the lower bound on those a subscriber missed (see above)."""
+
+    def __init__(self) -> None:
+        self.held: list[_Held] = []
+        self.sent = dict.fromkeys(TRACKED, 0)
+        self._counted = {s: collections.deque[list[int]]() for s in TRACKED}  # [first, last] indices counted
+        self._n_counted = dict.fromkeys(TRACKED, 0)  # indices in _counted
+
+    def refresh(self) -> None:
+        self.held = [h for h in self.held if not h.tracker.done]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(h.nbytes for h in self.held)
+
+    def add(self, stream: str, nbytes: int, hwm: int, tracker: zmq.MessageTracker) -> bool:
+        """Record a message just sent; True if it raises the count of messages a subscriber certainly missed."""
+        self.sent[stream] += 1
+        index = self.sent[stream]
+        self.refresh()
+        oldest = next((h for h in self.held if h.stream == stream), None)
+        self.held.append(_Held(stream, index, nbytes, hwm, tracker))
+        counted = self._counted[stream]
+        if oldest is None:  # no window open on this stream: nothing counted so far can matter again
+            counted.clear()
+            self._n_counted[stream] = 0
+            return False
+        while counted and counted[0][1] <= oldest.index:  # counted before the window's start
+            first, last = counted.popleft()
+            self._n_counted[stream] -= last - first + 1
+        if counted and counted[0][0] <= oldest.index:
+            self._n_counted[stream] -= oldest.index + 1 - counted[0][0]
+            counted[0][0] = oldest.index + 1
+        # the holder of `oldest` takes at most oldest.hwm of the messages after it: the rest are certain losses
+        certain = index - oldest.index - oldest.hwm
+        if certain <= self._n_counted[stream]:
+            return False
+        if counted and counted[-1][1] == index - 1:
+            counted[-1][1] = index
+        else:
+            counted.append([index, index])
+        self._n_counted[stream] += 1
+        return True
 
 
 class ZmqPublisher:
-    """Publish snapshots, events and status on a ZeroMQ PUB socket (bound to 127.0.0.1 by default); a Sink.
+    """Publish snapshots, events and status on a ZeroMQ XPUB socket (bound to 127.0.0.1 by default); a Sink.
+
+    ``max_queue_bytes`` bounds each subscriber's queue (see the module's docstring); ``sndhwm`` caps the
+    high-water mark derived from it, in messages.
 
     >>> import asyncio
     >>> async def main():
@@ -58,6 +150,7 @@ class ZmqPublisher:
         bind: bool = True,
         snapshot_endpoint: str | None = "tcp://127.0.0.1:5557",
         prefix: str = "streamcorr",
+        max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         sndhwm: int = 1000,
         top_k: int | None = None,
         threshold: float | None = None,
@@ -66,8 +159,9 @@ class ZmqPublisher:
         check_endpoint(endpoint)
         if snapshot_endpoint is not None:
             check_endpoint(snapshot_endpoint, "snapshot_endpoint")
-        if isinstance(sndhwm, bool) or not isinstance(sndhwm, int) or sndhwm < 1:
-            raise ConfigError(f"sndhwm must be a positive number of messages; got {sndhwm!r}")
+        for key, value, unit in (("max_queue_bytes", max_queue_bytes, "bytes"), ("sndhwm", sndhwm, "messages")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key} must be a positive number of {unit}; got {value!r}")
         if context is not None and not isinstance(context, zmq.asyncio.Context):
             raise ConfigError("context must be a zmq.asyncio.Context (or None for a private one)")
         check_pair_selection(top_k, threshold)
@@ -75,18 +169,23 @@ class ZmqPublisher:
         self.snapshot_endpoint = snapshot_endpoint
         self.bind = bind
         self.prefix = check_prefix(prefix)
+        self.max_queue_bytes = max_queue_bytes
         self.sndhwm = sndhwm
         self.top_k, self.threshold = top_k, threshold
-        self.counters = SinkCounters()
+        self.counters = SinkCounters(extra={"queued_bytes": 0, "subscriptions": 0, "queue_limit_messages": sndhwm})
         self._context = context
         self._own_context: zmq.asyncio.Context | None = None
-        self._pub: zmq.asyncio.Socket | None = None
+        self._pub: zmq.Socket[bytes] | None = None
         self._rep: zmq.asyncio.Socket | None = None
-        self._serve_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._topics = {s: topic(prefix, s).encode() for s in ("snapshot", "pairs", "event", "status")}
         self._seq = dict.fromkeys(self._topics, 0)
         self._latest: dict[str, bytes] = {}  # stream -> newest envelope, for late joiners
         self._last_t_ns: int | None = None
+        self._largest = 0  # bytes of the largest message sent so far
+        self._hwm = sndhwm
+        self._queued = _Queued()
+        self._left_at: float | None = None  # monotonic time a subscriber was last seen leaving, until trimmed
         self._stopped = False
         self._warn = RateLimitedLog(log)
 
@@ -96,7 +195,14 @@ class ZmqPublisher:
 
     @property
     def queue_depth(self) -> int:
-        return 0  # PUB never waits: what a subscriber cannot take is dropped inside libzmq (a seq gap there)
+        """Snapshots and pair lists libzmq holds now, for one subscriber or several (see the module docstring)."""
+        self._queued.refresh()
+        return len(self._queued.held)
+
+    @property
+    def hwm(self) -> int:
+        """The high-water mark per subscriber now, in messages (derived from ``max_queue_bytes``)."""
+        return self._hwm
 
     def problem(self) -> str | None:
         """Why it cannot publish now ("not started", "stopped"), or None once bound."""
@@ -118,7 +224,9 @@ class ZmqPublisher:
         ctx = self._context
         if ctx is None:
             ctx = self._own_context = zmq.asyncio.Context()
-        pub = make_socket(ctx, zmq.PUB, hwm=self.sndhwm)
+        pub = make_sync_socket(ctx, zmq.XPUB, hwm=self._hwm, max_message_bytes=MAX_SUBSCRIPTION_BYTES)
+        pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, a leaving subscriber's too
+        pub.copy_threshold = 0  # tracked sends never copy, however small
         rep: zmq.asyncio.Socket | None = None
         try:
             self.endpoint = attach(pub, self.endpoint, bind=self.bind, what="ZeroMQ publisher")
@@ -133,8 +241,9 @@ class ZmqPublisher:
             raise
         self._pub, self._rep = pub, rep
         self._stopped = False
+        self._tasks = [asyncio.create_task(self._housekeeping(), name="streamcorr-zmq-queues")]
         if rep is not None:
-            self._serve_task = asyncio.create_task(self._serve_latest(rep), name="streamcorr-zmq-latest")
+            self._tasks.append(asyncio.create_task(self._serve_latest(rep), name="streamcorr-zmq-latest"))
         log.info("publishing on %s (late joiners: %s)", self.endpoint, self.snapshot_endpoint)
         await self.publish_status("online", self.counters.as_dict())
 
@@ -143,11 +252,12 @@ class ZmqPublisher:
         if self._pub is None:
             return
         await self.publish_status("offline", self.counters.as_dict())
-        if self._serve_task is not None:
-            self._serve_task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._serve_task
-            self._serve_task = None
+                await task
+        self._tasks = []
         self._pub.close(linger=CLOSE_LINGER_MS)
         if self._rep is not None:
             self._rep.close(linger=0)
@@ -176,13 +286,64 @@ class ZmqPublisher:
                 continue
             self.counters.latest_requests += 1
 
+    async def _housekeeping(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            self._read_subscriptions()
+            self._refresh_gauges()
+            # a subscriber left a turn ago: libzmq has freed its queue; glibc keeps the pages until asked
+            left_at = self._left_at
+            if left_at is not None and time.monotonic() - left_at >= HOUSEKEEPING_S and return_free_memory():
+                self._left_at = None
+
+    def _read_subscriptions(self) -> None:
+        """Read XPUB's subscribe / unsubscribe notices; a new subscriber's queue gets the current mark."""
+        assert self._pub is not None
+        subscribed = False
+        for _ in range(MAX_NOTICES_PER_TURN):
+            try:
+                notice = self._pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if notice[:1] == b"\x01":
+                subscribed = True
+                self.counters.extra["subscriptions"] += 1
+            elif notice[:1] == b"\x00":
+                self.counters.extra["subscriptions"] = max(0, self.counters.extra["subscriptions"] - 1)
+                self._left_at = time.monotonic()
+        if subscribed:  # libzmq gave the new queue the mark of bind time; setting it again reaches every queue
+            self._pub.setsockopt(zmq.SNDHWM, self._hwm)
+
+    def _refresh_gauges(self) -> None:
+        self._queued.refresh()
+        self.counters.extra["queued_bytes"] = self._queued.nbytes
+        self.counters.extra["queue_limit_messages"] = self._hwm
+
+    def _fit_hwm(self, nbytes: int) -> None:
+        """Lower the mark before a message larger than any before it leaves, so queues stay within the bytes."""
+        if nbytes <= self._largest:
+            return
+        self._largest = nbytes
+        hwm = max(1, min(self.sndhwm, self.max_queue_bytes // nbytes - 1))
+        if hwm != self._hwm:
+            assert self._pub is not None
+            self._pub.setsockopt(zmq.SNDHWM, hwm)
+            self._hwm = hwm
+
     async def _send(self, stream: str, payload: bytes, seq: int) -> bool:
         if self._pub is None:
             self.counters.dropped[stream] += 1
             self._warn.warning("closed", "ZmqPublisher is not started; %s dropped", stream)
             return False
+        self._read_subscriptions()
+        topic_frame = self._topics[stream]
         try:
-            await self._pub.send_multipart([self._topics[stream], payload], flags=zmq.NOBLOCK)
+            self._fit_hwm(len(topic_frame) + len(payload))
+            self._pub.send(topic_frame, zmq.NOBLOCK | zmq.SNDMORE)
+            if stream in TRACKED:  # no copy: libzmq holds `payload` itself, and the tracker says when it lets go
+                tracker = self._pub.send(payload, zmq.NOBLOCK, copy=False, track=True)
+            else:
+                self._pub.send(payload, zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self.counters.dropped[stream] += 1
             self._warn.warning(f"send:{stream}", "ZeroMQ %s not sent: %s", stream, exc)
@@ -190,6 +351,11 @@ class ZmqPublisher:
         self._seq[stream] = seq
         self.counters.sent[stream] += 1
         self._latest[stream] = payload
+        if stream in TRACKED:
+            if self._queued.add(stream, len(payload), self._hwm, tracker):
+                self.counters.dropped[stream] += 1
+                self._warn.warning(f"slow:{stream}", "a ZeroMQ subscriber is not reading: %s dropped", stream)
+            self.counters.extra["queued_bytes"] = self._queued.nbytes
         return True
 
     def _encode(self, stream: str, make: Callable[[], bytes]) -> bytes:

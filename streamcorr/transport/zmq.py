@@ -7,17 +7,19 @@ leave closes with its own linger).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from ..errors import ConfigError
 
-__all__ = ["SCHEMES", "attach", "check_endpoint", "make_socket"]
+__all__ = ["SCHEMES", "attach", "check_endpoint", "make_socket", "make_sync_socket"]
+
+_S = TypeVar("_S", bound="zmq.Socket[Any]")
 
 SCHEMES = ("tcp://", "ipc://", "inproc://")
-_SENDERS = (zmq.PUB, zmq.PUSH)  # their high-water mark is on the send side
+_SENDERS = (zmq.PUB, zmq.XPUB, zmq.PUSH)  # their high-water mark is on the send side
 
 
 def check_endpoint(endpoint: object, key: str = "endpoint") -> str:
@@ -38,7 +40,20 @@ def make_socket(
 ) -> zmq.asyncio.Socket:
     """A socket of ``kind`` with linger 0, its high-water mark (messages; SNDHWM for PUB and PUSH, RCVHWM for the
     others) and the largest message it accepts from a peer (``MAXMSGSIZE``: libzmq drops a peer that sends more)."""
-    sock = ctx.socket(kind)
+    return _limited(ctx.socket(kind), kind, hwm, max_message_bytes)
+
+
+def make_sync_socket(
+    ctx: zmq.asyncio.Context, kind: int, *, hwm: int | None = None, max_message_bytes: int | None = None
+) -> zmq.Socket[bytes]:
+    """As :func:`make_socket`, with pyzmq's plain (blocking) API on the same context and I/O threads: for a
+    socket used only with ``NOBLOCK`` from the event loop, whose send must return its ``MessageTracker`` and
+    whose receive queue is drained synchronously (no future waits on it)."""
+    plain: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(ctx.underlying)  # never terminates ctx
+    return _limited(plain.socket(kind), kind, hwm, max_message_bytes)
+
+
+def _limited(sock: _S, kind: int, hwm: int | None, max_message_bytes: int | None) -> _S:
     sock.setsockopt(zmq.LINGER, 0)
     if hwm is not None:
         sock.setsockopt(zmq.SNDHWM if kind in _SENDERS else zmq.RCVHWM, hwm)
