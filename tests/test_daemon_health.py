@@ -1,5 +1,5 @@
 """A real `streamcorr run` process seen from outside: every loss in /metrics and the status counters, /healthz
-per part, /livez and /readyz for an orchestrator (the README's probes, the systemd unit and its notifications),
+per part, /livez and /readyz for an orchestrator (the probes of docs/daemon.md, the systemd unit and its notifications),
 HTTP bounds, exposure warnings, the last will's seq, Ctrl-C during the first start."""
 
 from __future__ import annotations
@@ -374,17 +374,17 @@ def test_standalone_web_view_closes_half_sent_requests():
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _readme_probes() -> dict[str, Any]:
-    """The Kubernetes probes of the README's YAML block that holds a livenessProbe."""
-    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def _docs_probes() -> dict[str, Any]:
+    """The Kubernetes probes of the YAML block that holds a livenessProbe in docs/daemon.md."""
+    blocks = re.findall(r"```yaml\n(.*?)```", (REPO / "docs" / "daemon.md").read_text(), flags=re.S)
     probes = [yaml.safe_load(b) for b in blocks if "livenessProbe:" in b]
-    assert len(probes) == 1, "one probe block in the README"
+    assert len(probes) == 1, "one probe block in docs/daemon.md"
     return probes[0]
 
 
 def test_a_bound_zeromq_source_without_a_sender_is_live_ready_and_healthy(tmp_path):
     """A daemon whose only source is a bound ZeroMQ PULL socket that no sender connects to answers /livez,
-    /readyz (each README probe path) and /healthz 200 within 60 s, with the source "listening"; under a
+    /readyz (each probe path of docs/daemon.md) and /healthz 200 within 60 s, with the source "listening"; under a
     Type=notify unit it says READY=1, pings the watchdog, and says STOPPING=1 on SIGTERM."""
     from streamcorr.config import Http
 
@@ -414,7 +414,7 @@ def test_a_bound_zeromq_source_without_a_sender_is_live_ready_and_healthy(tmp_pa
             assert ready == {"status": "ready", "problems": [], "sources": {"zmq0": "listening"}}
             code, health = _health(http_port)
             assert code == 200 and health["status"] == "ok" and health["sources"] == {"zmq0": "listening"}
-            probes = _readme_probes()
+            probes = _docs_probes()
             assert probes["livenessProbe"]["httpGet"]["path"] == "/livez"
             assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
             for probe in probes.values():
@@ -461,7 +461,7 @@ def test_an_mqtt_source_without_a_broker_is_live_but_not_ready(tmp_path):
 def test_the_systemd_unit_is_valid_and_hardened():
     """examples/streamcorr.service passes `systemd-analyze verify` (where systemd is installed) and runs
     `streamcorr run /etc/streamcorr/config.yaml` as Type=notify with a dedicated user, a watchdog, restart on
-    failure and the sandbox settings the README promises."""
+    failure and the sandbox settings docs/daemon.md promises."""
     unit = REPO / "examples" / "streamcorr.service"
     parser = configparser.ConfigParser(strict=False, interpolation=None, comment_prefixes=("#",))
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive

@@ -1,5 +1,6 @@
-"""Every code block of README.md (and docs/, where it exists) is executed or checked, so that a snippet that fails
-fails a test (issue 29: the engine snippet raised NameError and never ran its coroutine).
+"""Every code block of README.md, the docs site (docs/, read with its generated parts expanded as the build expands
+them, and the model card and bench index it mounts) is executed or checked, so that a snippet that fails fails a
+test (issue 29: the engine snippet raised NameError and never ran its coroutine).
 
 - Python blocks run as scripts, each in a fresh namespace, in one interpreter (the model loads once); the two
   that need a peer run against one: the Subscriber snippet against a private Mosquitto and a real publisher,
@@ -11,6 +12,8 @@ fails a test (issue 29: the engine snippet raised NameError and never ran its co
 - YAML blocks: a streamcorr config is validated by the config schema, a Kubernetes probe block names the
   daemon's health paths and port, a Prometheus block is parsed (tests/test_prometheus.py compares it with
   examples/prometheus/).
+- pycon blocks (a module's doctest included by docs/hooks.py, titled with the module's path) run as doctests
+  in that module's namespace.
 
 A block of another language, or one no rule recognises, fails ``test_every_block_has_a_check``.
 """
@@ -34,12 +37,13 @@ import pytest
 import yaml
 
 from streamcorr.config import Http, parse_config
+from tests.test_docs import USER_DOCS, hooks
 from tests.test_sinks import make_event, make_snapshot, private_broker
 
 __all__ = ["private_broker"]  # the fixture, shared with test_sinks
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+DOCS = USER_DOCS  # README.md, docs/, models/README.md, bench/README.md
 SHELL = ("bash", "sh")
 NEEDS_PEER = ("Subscriber(", "msgpack.unpackb(payload")  # Python blocks run by their own tests below
 
@@ -50,6 +54,7 @@ class Block:
     line: int  # of the opening fence
     lang: str
     code: str
+    info: str = ""  # the rest of the fence's line: title="..." on an included doctest
 
     def __str__(self) -> str:
         return f"{self.path.relative_to(REPO)}:{self.line}"
@@ -57,10 +62,11 @@ class Block:
 
 def _blocks() -> list[Block]:
     out = []
+    expand = hooks().expand
     for path in DOCS:
-        text = path.read_text()
-        for m in re.finditer(r"^```([\w+-]*)[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
-            out.append(Block(path, text[: m.start()].count("\n") + 1, m.group(1), m.group(2)))
+        text = expand(path.read_text()) if path.parent.name == "docs" else path.read_text()
+        for m in re.finditer(r"^```([\w+-]*)([^\n]*)\n(.*?)^```", text, flags=re.S | re.M):
+            out.append(Block(path, text[: m.start()].count("\n") + 1, m.group(1), m.group(3), m.group(2).strip()))
     return out
 
 
@@ -91,7 +97,7 @@ def test_every_block_has_a_check():
     each claimed by exactly one of their tests; none is left out."""
     np.random.default_rng(60)  # nothing random here; seeded by convention
     assert BLOCKS, "no code blocks found"
-    unchecked = [str(b) for b in BLOCKS if b.lang not in ("python", *SHELL, "yaml")]
+    unchecked = [str(b) for b in BLOCKS if b.lang not in ("python", *SHELL, "yaml", "pycon")]
     unchecked += [str(b) for b in _of(("yaml",)) if _yaml_kind(b) is None]
     assert unchecked == [], f"code blocks without a check (add one to {Path(__file__).name}): {unchecked}"
     for mark in NEEDS_PEER:
@@ -320,6 +326,23 @@ def test_yaml_blocks_are_valid(block):
             assert probe["httpGet"]["path"] in ("/livez", "/readyz", "/healthz") and probe["httpGet"]["port"] == port
     else:
         assert kind == "prometheus" and doc["rule_files"] and doc["scrape_configs"][0]["job_name"] == "streamcorr"
+
+
+# -- doctests included from modules --------------------------------------------------------------------------------
+@pytest.mark.parametrize("block", _of(("pycon",)), ids=str)
+def test_included_doctests_pass(block):
+    """A ``>>>`` example included from a module's docstring runs as a doctest in that module's namespace."""
+    import doctest
+    import importlib
+
+    np.random.default_rng(67)  # the examples are deterministic
+    m = re.fullmatch(r'title="(streamcorr/[\w/]+)\.py"', block.info)
+    assert m, f"{block}: a pycon block names its module: {block.info!r}"
+    module = importlib.import_module(m.group(1).replace("/", "."))
+    test = doctest.DocTestParser().get_doctest(block.code, dict(vars(module)), str(block), str(block.path), block.line)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.failures == 0 and runner.tries > 0, f"{block}: {runner.failures} of {runner.tries} failed"
 
 
 def test_the_checks_catch_a_broken_block(tmp_path):

@@ -1,6 +1,6 @@
 """examples/prometheus: the scrape config and alert rules pass the real promtool (syntax and unit tests), the
-README's alerting blocks are the example's and run, and a real Prometheus scraping a real daemon fires
-StreamcorrDependenceGained when a listed pair becomes dependent."""
+alerting blocks of docs/alerting.md are the example's and run, and a real Prometheus scraping a real daemon
+fires StreamcorrDependenceGained when a listed pair becomes dependent."""
 
 from __future__ import annotations
 
@@ -71,15 +71,15 @@ def _alert_names() -> set[str]:
     return {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
 
 
-def _readme_alerting() -> str:
-    text = (REPO / "README.md").read_text()
-    return text.split("### Alerting\n", 1)[1].split("\n#", 1)[0]
+def _alerting_page() -> str:
+    """docs/alerting.md, the page that documents the rules."""
+    return (REPO / "docs" / "alerting.md").read_text()
 
 
-def test_the_readme_alerting_section_is_the_example_and_its_commands_pass():
-    """The README's Alerting section names every alert of the rules, its YAML block is the example's rule file and
-    scrape job, and each line of its shell block exits 0."""
-    section = _readme_alerting()
+def test_the_alerting_page_is_the_example_and_its_commands_pass():
+    """The Alerting page (docs/alerting.md) names every alert of the rules, its YAML block is the example's rule
+    file and scrape job, and each line of its shell block exits 0."""
+    section = _alerting_page()
     assert set(re.findall(r"`(Streamcorr[A-Za-z]+)`", section)) == _alert_names()
     (yaml_block,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
     example = yaml.safe_load((EXAMPLE / "prometheus.yml").read_text())
