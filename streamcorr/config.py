@@ -2,7 +2,8 @@
 
 Errors name the key path and the fix, e.g.
 ``sources.0.port: Input should be less than or equal to 65535 (got 70000)``.
-See examples/*.yaml for one complete file per transport and the README for every key.
+See examples/*.yaml for one complete file per transport and docs/configuration.md (generated from this
+schema, with the comment beside each key) for every key.
 
 >>> cfg = parse_config({"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]})
 >>> cfg.window.samples, cfg.outputs.zmq is None
@@ -66,20 +67,22 @@ class _Strict(BaseModel):
 class Tls(_Strict):
     """TLS to an MQTT broker (streamcorr.transport.mqtt builds the SSL context from it)."""
 
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
+    ca_file: str | None = None  # the CA that signed the broker's certificate; None: the system's trust store
+    cert_file: str | None = None  # with key_file: a client certificate, for brokers that ask for one
+    key_file: str | None = None  # the client certificate's private key
     insecure: bool = False  # skip host-name verification (test brokers only)
 
 
 class Payload(_Strict):
     """How a source decodes payloads (streamcorr.ingest.payload.PayloadDecoder takes its settings from here)."""
 
+    # auto: JSON, msgpack or a bare number, told apart by the first byte
     format: Literal["auto", "json", "msgpack", "number"] = "auto"
     channel_template: str = "{topic}/{key}"  # topic levels {topic[0]}.., payload field {key}
-    time_field: str = "t"
-    time_unit: Literal["s", "ms", "us", "ns"] = "s"
-    max_payload_bytes: int = Field(1 << 20, ge=16, le=64 << 20)
+    time_field: str = "t"  # the payload field holding the time; without it, the arrival time
+    time_unit: Literal["s", "ms", "us", "ns"] = "s"  # unit of every time in a payload (t, t0, dt)
+    max_payload_bytes: int = Field(1 << 20, ge=16, le=64 << 20)  # larger messages are dropped whole ("oversize")
+    # a message with more is dropped ("too_many_samples")
     max_samples_per_message: int = Field(100_000, ge=1, le=10_000_000)
     max_topic_bytes: int = Field(1024, ge=1, le=65535)  # longer topics are dropped whole ("topic")
 
@@ -87,17 +90,17 @@ class Payload(_Strict):
 class MqttConnection(_Strict):
     """One MQTT broker connection: the settings of streamcorr.transport.mqtt, for sources, outputs and clients."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(1883, ge=1, le=65535)
+    host: str = "127.0.0.1"  # the broker
+    port: int = Field(1883, ge=1, le=65535)  # the broker's port
     client_id: str | None = None  # None: the broker assigns one
-    username: str | None = None
-    password: str | None = None
+    username: str | None = None  # with password: the broker's login (use TLS beyond loopback)
+    password: str | None = None  # see username
     tls: Tls | None = None
-    qos: Literal[0, 1, 2] = 0
-    keepalive_s: int = Field(30, ge=5, le=3600)
+    qos: Literal[0, 1, 2] = 0  # MQTT quality of service for subscriptions and publishing
+    keepalive_s: int = Field(30, ge=5, le=3600)  # MQTT keep-alive: a silent broker is taken for gone after 1.5x this
     timeout_s: float = Field(10.0, gt=0, le=3600)  # connect, subscribe and publish acknowledgements
-    reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(30.0, gt=0)
+    reconnect_min_s: float = Field(0.5, gt=0)  # jittered backoff between reconnects: from this ...
+    reconnect_max_s: float = Field(30.0, gt=0)  # ... doubling up to this
 
     @model_validator(mode="after")
     def _backoff_order(self) -> MqttConnection:
@@ -107,18 +110,21 @@ class MqttConnection(_Strict):
 
 
 class MqttSourceConfig(MqttConnection, Payload):
-    type: Literal["mqtt"]
-    topics: list[str] = Field(min_length=1)
+    type: Literal["mqtt"]  # this table's keys apply with type: mqtt
+    topics: list[str] = Field(min_length=1)  # subscriptions, MQTT wildcards allowed (sensors/#)
+    # messages waiting to be decoded, at most; beyond, counted as queue_full
     queue_size: int = Field(10_000, ge=1, le=1_000_000)
     queue_bytes: int = Field(64 << 20, ge=1 << 16, le=4 << 30)  # topics + payloads waiting, at most
 
 
 class ZmqSourceConfig(Payload):
-    type: Literal["zmq"]
-    endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://")
+    type: Literal["zmq"]  # this table's keys apply with type: zmq
+    endpoint: str = Field(pattern=r"^(tcp|ipc|inproc)://")  # where to connect (or bind, with bind: true)
+    # sub: a SUB socket (a PUB sender drops when it is full); pull: a PULL socket (the sender blocks)
     mode: Literal["sub", "pull"] = "sub"
-    bind: bool = False
-    topics: list[str] = Field(default_factory=lambda: [""])
+    bind: bool = False  # bind the endpoint and let senders connect, instead of connecting to a sender
+    topics: list[str] = Field(default_factory=lambda: [""])  # sub: topic prefixes subscribed ("": all)
+    # messages libzmq queues for this socket; beyond, SUB drops (seen as seq_gaps) and PULL blocks
     rcvhwm: int = Field(10_000, ge=1, le=1_000_000)
 
 
@@ -148,9 +154,11 @@ class Channels(_Strict):
 
 
 class Window(_Strict):
-    samples: int = Field(1024, ge=32, le=1 << 20)
+    samples: int = Field(1024, ge=32, le=1 << 20)  # window length, samples of the common clock
+    # samples between evaluations (give this or hop_s; neither: one hop per second)
     hop_samples: int | None = Field(None, ge=1)
-    hop_s: float | None = Field(None, gt=0)
+    hop_s: float | None = Field(None, gt=0)  # seconds between evaluations
+    # share of the window where both channels must have data for a pair to be evaluated
     min_coverage: float = Field(0.9, gt=0, le=1)
     skip_stale_hops: bool = True  # live: when compute falls behind, jump to the newest window; replay: false
     # drop: rows where both channels of a pair repeat their previous sample are left out of that pair (copies
@@ -165,10 +173,11 @@ class Window(_Strict):
 
 
 class Pairs(_Strict):
+    # all: every pair; list: the pairs given; groups: each of groups with each of groups_with
     mode: Literal["all", "list", "groups"] = "all"
     pairs: list[tuple[str, str]] = Field(default_factory=list)  # mode: list
     groups: list[str] = Field(default_factory=list)  # mode: groups (groups x groups_with)
-    groups_with: list[str] = Field(default_factory=list)
+    groups_with: list[str] = Field(default_factory=list)  # mode: groups; empty: groups with each other
     max_per_hop: int | None = Field(None, ge=1)  # refresh at most this many pairs per hop, stalest first
 
     @model_validator(mode="after")
@@ -194,8 +203,8 @@ class EstimatorConfig(_Strict):
     # torch.compile the network (true), or its ahead-of-time package for this CPU ("aot", streamcorr.aot); None:
     # torch.compile on CUDA, "aot" on a CPU (bench.gpu_path, bench.cpu_path)
     compile: bool | Literal["aot"] | None = None
-    batch_size: int = Field(128, ge=1, le=65_536)
-    threads: int | None = Field(None, ge=1)
+    batch_size: int = Field(128, ge=1, le=65_536)  # pairs per network call
+    threads: int | None = Field(None, ge=1)  # torch threads for the network; None: torch's default
     weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v2
     # estimates above 1.5 nats refined by the chain rule over quantile slabs (windows >= 512; Estimator docstring)
     refine_high_mi: bool = True
@@ -237,37 +246,40 @@ class Changes(_Strict):
     significance: Literal["effective", "iid"] = "effective"
     # circularly shifted surrogates per smooth pair for its own null (streamcorr.significance); 0: the table only
     surrogates: int = Field(20, ge=0, le=256)
-    min_effect: float = Field(0.1, ge=0)
-    persist: int = Field(2, ge=1)
+    min_effect: float = Field(0.1, ge=0)  # nats: a pair must also exceed this to become dependent
+    persist: int = Field(2, ge=1)  # evaluations in a row a change must hold before it is reported
     delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))
     rel_delta: float = Field(0.25, ge=0, lt=10)  # ... and this fraction of the pair's level
 
 
 class ZmqOutput(_Strict):
+    # the XPUB socket snapshots, pairs, events and status leave on
     endpoint: str = Field("tcp://127.0.0.1:5556", pattern=r"^(tcp|ipc|inproc)://")
-    bind: bool = True
+    bind: bool = True  # bind the endpoint (subscribers connect), or connect to a forwarder
+    # REP socket answering late joiners with the newest snapshot, pairs and status; None: off
     snapshot_endpoint: str | None = Field("tcp://127.0.0.1:5557", pattern=r"^(tcp|ipc|inproc)://")
-    prefix: str = "streamcorr"
+    prefix: str = "streamcorr"  # topics are {prefix}/snapshot, /pairs, /event, /status
     # bytes libzmq may hold for one subscriber: its high-water mark becomes max_queue_bytes // largest message - 1
     # (at least 1), so a subscriber that stops reading costs at most max(this, 2 x the largest message); what it
     # misses is counted, as a lower bound (streamcorr.publish.zmq_sink)
     max_queue_bytes: int = Field(8 << 20, ge=1 << 16, le=4 << 30)
-    top_k: int | None = Field(None, ge=1)
-    threshold: float | None = None
+    top_k: int | None = Field(None, ge=1)  # the pairs topic: the k strongest pairs of each snapshot
+    threshold: float | None = None  # the pairs topic: pairs at or above this MI (nats)
 
 
 class MqttOutput(MqttConnection):
-    prefix: str = "streamcorr"
-    retain_snapshot: bool = True
+    prefix: str = "streamcorr"  # topics are {prefix}/snapshot, /pairs, /event, /status
+    retain_snapshot: bool = True  # the broker keeps the newest snapshot for late joiners
+    # events waiting for the broker, at most (the oldest dropped, counted)
     queue_size: int = Field(256, ge=1, le=100_000)
-    top_k: int | None = Field(None, ge=1)
-    threshold: float | None = None
+    top_k: int | None = Field(None, ge=1)  # the pairs topic: the k strongest pairs of each snapshot
+    threshold: float | None = None  # the pairs topic: pairs at or above this MI (nats)
 
 
 class RecordOutput(_Strict):
     """Snapshots and events to Parquet files (streamcorr.publish.record), rotated, under a disk cap."""
 
-    directory: str
+    directory: str  # where the Parquet files go; streamcorr check fails when it cannot be written
     rotate_s: float = Field(60.0, gt=0, le=86_400)  # a crash loses at most this much
     max_bytes: int = Field(1 << 30, ge=1 << 16)  # the oldest files are deleted (and counted) beyond this
     top_k: int | None = Field(None, ge=1)  # None: every assessed pair per snapshot; k: the k strongest
@@ -277,15 +289,15 @@ class Outputs(_Strict):
     zmq: ZmqOutput | None = None
     mqtt: MqttOutput | None = None
     record: RecordOutput | None = None
-    status_interval_s: float = Field(5.0, gt=0)
+    status_interval_s: float = Field(5.0, gt=0)  # seconds between status messages on every output
 
 
 class Http(_Strict):
     """Prometheus /metrics, /healthz and (when outputs.web is enabled) the live page share one listener."""
 
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = Field(9108, ge=0, le=65535)
+    enabled: bool = True  # serve /metrics, /healthz, /livez, /readyz
+    host: str = "127.0.0.1"  # the listener's address (beyond loopback: see Security and limits)
+    port: int = Field(9108, ge=0, le=65535)  # 0: any free port
     web: bool = False  # serve the live web view at /
     # bytes waiting for one web client, the frame being written included: its newest snapshot and status are
     # kept, its oldest events dropped beyond this, counted (streamcorr.publish.outbox)
@@ -298,13 +310,13 @@ class Http(_Strict):
 
 
 class Logging(_Strict):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    format: Literal["json", "text"] = "json"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"  # the least severe messages logged
+    format: Literal["json", "text"] = "json"  # json: one JSON object per line; text: for a terminal
     max_repeats_per_10s: int = Field(20, ge=1)  # lines per logger and message template; the rest are counted
 
 
 class Config(_Strict):
-    version: Literal[1]
+    version: Literal[1]  # the schema's version: write 1
     sources: list[Source] = Field(min_length=1)
     channels: Channels = Channels()
     window: Window = Window()
@@ -333,7 +345,7 @@ def _describe(exc: ValidationError) -> str:
             del loc[2]  # the union's tag, which is not a key in the file
         path = ".".join(p if len(p) <= 60 else echo(p) for p in loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            msg = "unknown key: remove it or check its spelling (see the README's configuration reference)"
+            msg = "unknown key: remove it or check its spelling (see docs/configuration.md)"
         elif err["type"] == "missing":
             msg = "required key is missing"
         elif err["type"] == "union_tag_invalid":
@@ -414,7 +426,7 @@ def _tcp_host(endpoint: str) -> str | None:
 def exposed_listeners(cfg: Config) -> list[str]:
     """One line per socket this configuration opens beyond loopback, naming the key and what it exposes."""
     out = []
-    fix = "set it to 127.0.0.1 unless other hosts must reach it (README: Security and limits)"
+    fix = "set it to 127.0.0.1 unless other hosts must reach it (docs/security.md)"
     h = cfg.http
     if h.enabled and not _is_loopback(h.host):
         what = "/metrics, /healthz" + (" and the web view" if h.web else "")

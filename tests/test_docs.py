@@ -121,7 +121,8 @@ def _leaf_keys(model: typing.Any, prefix: str) -> set[str]:
 
 def test_the_configuration_reference_has_every_key():
     """The generated reference lists every key of the schema, sources' keys under `sources[]`, each with a
-    type and a default, and its defaults are the schema's."""
+    type, a default and a meaning (the comment beside the key in streamcorr/config.py: a new key needs one),
+    and its defaults are the schema's."""
     from streamcorr import config
 
     np.random.default_rng(84)  # nothing random here; seeded by convention
@@ -131,6 +132,8 @@ def test_the_configuration_reference_has_every_key():
         keys |= _leaf_keys(source, "sources[]")
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([^`]+)` \|.*$", reference, flags=re.M)}
     assert sorted(keys - set(rows)) == []
+    unexplained = [key for key, row in rows.items() if row.rstrip().endswith("|  |")]
+    assert unexplained == [], f"write a comment beside these keys in streamcorr/config.py: {unexplained}"
     assert "| `window.samples` | int | `1024` | ≥ 32" in rows["window.samples"]
     assert "8 MiB" in rows["outputs.zmq.max_queue_bytes"]
 

@@ -242,7 +242,7 @@ class PayloadDecoder:
         """What a user can act on: the formats tried and how the payload starts (not msgpack's ExtraData)."""
         shown = repr(bytes(payload[:40])) + ("..." if len(payload) > 40 else "")
         if self.format == "auto" and payload[:64].lstrip()[:1] != b"{":
-            return f"not JSON, msgpack or a bare number: {shown} (see the README's payload formats)"
+            return f"not JSON, msgpack or a bare number: {shown} (see docs/payloads.md)"
         fmt = "JSON" if self.format in ("auto", "json") else self.format
         return f"not valid {fmt} ({type(exc).__name__}: {str(exc)[:120]}): {shown}"
 
