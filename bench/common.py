@@ -34,7 +34,7 @@ def environment() -> dict[str, Any]:
                 ["git", "status", "--porcelain", "streamcorr", "models"],
                 capture_output=True,
                 text=True,
-                cwd=Path(__file__).parent,
+                cwd=Path(__file__).parent.parent,  # the paths above are the repository's
                 check=False,
             ).stdout.strip()
         )
