@@ -194,6 +194,12 @@ class ChangeDetector:
     def is_dependent(self, pair: tuple[str, str]) -> bool | None:
         return self._dependent.get(pair)
 
+    def forget(self, channels: set[str]) -> None:
+        """Drop the state of every pair with a channel in ``channels`` (retired): a name that returns starts anew."""
+        for state in (self._dependent, self._level, self._streak, self._seen):
+            for pair in [p for p in state if p[0] in channels or p[1] in channels]:
+                del state[pair]
+
 
 # Null tables shipped for the shipped weights at windows 256, 512, 1024 and 2048 (CPU, the weights' tie policy), so
 # most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.

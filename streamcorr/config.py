@@ -142,6 +142,15 @@ class Channels(_Strict):
     auto_pairs_per_hop: int = Field(1024, ge=1)  # pairs with an auto-added channel evaluated per hop, at most
     max_future_s: float | None = Field(5.0, ge=0)  # samples stamped further ahead of the receive clock dropped
     max_name_bytes: int = Field(256, ge=1, le=4096)  # channel names: UTF-8, printable, at most this long
+    # an auto-added channel with no sample for this long (stream time, and at least one window: until then it can
+    # still hold values) leaves the matrix and returns as a new channel when it speaks again; None: never. 60 s is
+    # about six windows at the defaults: a device that reconnects within a minute keeps its place and its pairs'
+    # history, while churn of one new name a second holds about 60 silent channels (1,800 pairs), not all of them
+    retire_after_s: float | None = Field(60.0, gt=0)
+    # a channel whose samples all stay more than a window behind its newest (or beyond max_future_s) for this long
+    # in their own stamps had its clock stepped: it is re-anchored (later stamps shifted onto the stream clock).
+    # Below /healthz's default 10 s staleness bound, so a step does not make the daemon look stuck; None: never
+    reanchor_after_s: float | None = Field(5.0, gt=0)
 
     @model_validator(mode="after")
     def _names_fit(self) -> Channels:

@@ -19,7 +19,9 @@ What one sender can do is bounded (the engine is the door for library users too)
 * a channel name must follow the rule of :mod:`streamcorr.names` (``bad_name``);
 * at most ``max_channels`` channels exist (the configured ones first, always);
   samples for further new names are refused and counted (``channel_limit``), and
-  new channels join the matrix once per hop, in one step;
+  new channels join the matrix once per hop, in one step; auto-added channels silent
+  for ``retire_after_s`` leave it the same way, so churn cannot grow memory or hops
+  (:mod:`streamcorr.intake`, which also re-anchors a channel whose clock stepped);
 * pairs among configured channels are evaluated every hop (within
   ``max_pairs_per_hop``); pairs involving auto-added channels get at most
   ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
@@ -169,23 +171,30 @@ class Engine:
         ``evaluate`` itself (replay, without the event loop) evaluates each. Do not mix with ``start``."""
         return self.intake.due_windows()
 
-    def _sync_channels(self) -> None:
-        # channels are only ever added, so the new ones are the tail of the (insertion-ordered) dict
-        known = len(self.state.channels)
-        new = list(self.intake.channels)[known:]
-        if not new:
+    def _sync_channels(self, end_tick: int | None = None) -> None:
+        """Bring the matrix, pairs and scheduler to the intake's channels: retire those silent at end_tick (ns),
+        add the new ones (the tail of the insertion-ordered dict), each in one step."""
+        gone = set(self.intake.retire_silent(end_tick)) if end_tick is not None else set()
+        old_names = list(self.state.channels)
+        kept = set(old_names) - gone
+        new = [name for name in list(self.intake.channels) if name not in kept]  # a name retired and back: new
+        if not new and not gone:
             return
+        if gone:
+            self.state.remove_channels(gone)
+            self.detector.forget(gone)
+            self.surrogates.forget_channels(gone)
         self.state.add_channels(new)  # one regrowth of the matrices for all of them
-        prev = self._scheduler
-        old = {tuple(p): k for k, p in enumerate(self._pairs.tolist())}  # pair -> index in the old scheduler
-        if len(self.state.channels) > 1:
-            self._pairs = self.cfg.pairs.resolve(self.state.channels)
-        n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order
+        prev, names = self._scheduler, self.state.channels
+        old = {(old_names[a], old_names[b]): k for k, (a, b) in enumerate(self._pairs.tolist())}
+        self._pairs = self.cfg.pairs.resolve(names) if len(names) > 1 else np.zeros((0, 2), dtype=np.int64)
+        n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order (and never retire)
         self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
         self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
-        self.detector.alpha = self._alpha(len(self._pairs))  # the matrix's false-alarm budget, shared by its pairs
+        self.detector.alpha = self._alpha(max(1, len(self._pairs)))  # the matrix's false-alarm budget, shared
         self._scheduler.min_effect = self.cfg.min_effect
-        keep = [(k, old[tuple(p)]) for k, p in enumerate(self._pairs.tolist()) if tuple(p) in old]
+        pair_names = [(names[a], names[b]) for a, b in self._pairs.tolist()]
+        keep = [(k, old[p]) for k, p in enumerate(pair_names) if p in old and p[0] in kept and p[1] in kept]
         if keep:
             new_idx, old_idx = np.array(keep).T
             for name in ("last_refresh_ns", "last_mi", "held_dependent"):
@@ -222,7 +231,7 @@ class Engine:
         """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
         t0 = time.perf_counter()
         cnt = self.counters
-        self._sync_channels()
+        self._sync_channels(end_tick)
         chans = [self.intake.channels[name] for name in self.state.channels]
         window, fresh = self.resampler.window_fresh([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
         valid = np.isfinite(window)

@@ -4,11 +4,28 @@ The bounds on what one sender can do (see :mod:`streamcorr.engine`) are kept her
 of the receive clock, names breaking the channel-name rule, new names beyond ``max_channels`` are refused
 and counted by reason; stream time is the newest accepted timestamp, never past the receive clock. A window
 is due once stream time passes its end plus ``max_staleness_s``; ``due_end_tick`` gives each out once.
+
+Channels come and go. An auto-added channel with no accepted sample for ``retire_after_s`` of stream time
+(and at least one window plus ``max_staleness_s``, until when it can still hold values) is retired at the next
+hop: its buffer and counters go (its drops stay in ``sample_drops``), the engine drops its pairs, and
+``max_channels`` counts live channels only; when the name speaks again it is a new channel. Configured
+channels never retire. Stream time is what ages a channel, so when the whole stream pauses nothing retires.
+
+A channel's clock may step. When every finite sample a channel sends is more than a window behind its newest
+accepted one (a step back), or beyond ``max_future_s`` (a step forward past the receive clock), for
+``reanchor_after_s`` of the samples' own stamps (and ``MIN_STEP_SAMPLES`` samples), the channel is
+re-anchored: its later stamps are shifted by the step, so that its newest one lands on the stream clock, and
+it rejoins the windows; until then its samples are dropped and counted (``late``, ``future``) as always. The
+stream clock itself never steps back, so snapshots, ages and events stay in order. A step forward that stays
+within ``max_future_s`` of the receive clock (or any step forward with ``max_future_s: null``) cannot be told
+from a pause in the stream by its stamps, so stream time follows it as it follows a gap.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +41,9 @@ from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.engine")
 
-__all__ = ["Channel", "EngineCounters", "Intake"]
+__all__ = ["Channel", "ClockStep", "EngineCounters", "Intake"]
+
+MIN_STEP_SAMPLES = 8  # off-clock samples a re-anchor needs besides reanchor_after_s of their stamps
 
 
 @dataclass
@@ -40,6 +59,8 @@ class EngineCounters:
     unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
     bad_name: int = 0  # samples for a name that breaks the channel-name rule
     channel_limit: int = 0  # samples for new names refused because max_channels exist
+    channels_retired: int = 0  # auto-added channels that left the matrix after retire_after_s of silence
+    channels_reanchored: int = 0  # channels whose clock stepped, re-anchored onto the stream clock
     future: int = 0  # samples for a new name, all stamped beyond max_future_s (known channels count their own)
     bad_sample: int = 0  # non-numeric or mismatched input to push
     snapshots_dropped: int = 0
@@ -53,14 +74,31 @@ class EngineCounters:
         return now
 
 
-class Channel:
-    """One channel's ring buffer, and the sliding ranks the evaluation keeps for it."""
+@dataclass
+class ClockStep:
+    """A run of a channel's samples all off its clock in one direction ("back" or "forward"), in their stamps."""
 
-    def __init__(self, name: str, capacity: int, window_len: int) -> None:
+    direction: str
+    first_ns: int
+    newest_ns: int
+    samples: int = 0
+
+
+class Channel:
+    """One channel's ring buffer, its clock offset, and the sliding ranks the evaluation keeps for it."""
+
+    def __init__(self, name: str, capacity: int, window_len: int, born_ns: int | None = None) -> None:
         self.name = name
         self.buffer = RingBuffer(capacity)
         self.ranks = SlidingRanks(1, window_len)  # placeholder: the engine starts one with the estimator's ties
         self.ranks_end_tick: int | None = None  # window end tick the sliding state is at
+        self.offset_ns = 0  # added to every stamp: nonzero once the channel's clock stepped and was re-anchored
+        self.step: ClockStep | None = None  # the current run of off-clock samples
+        self.born_ns = born_ns  # stream time when it was added: its age while it has no accepted sample
+
+    def heard_ns(self) -> int | None:
+        """Stream time the channel was last heard from: its newest accepted stamp, else when it was added."""
+        return self.buffer.last_t_ns if self.buffer.last_t_ns is not None else self.born_ns
 
 
 class Intake:
@@ -77,6 +115,15 @@ class Intake:
         self.channels: dict[str, Channel] = {}  # insertion order is matrix order
         self.stream_ns: int | None = None  # newest accepted timestamp (never past the receive clock)
         self.next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
+        self.retired = ChannelCounters()  # the counters of retired channels, summed (the drop ledger keeps them)
+        window_ns = cfg.window_len * self.resampler.period_ns
+        self.window_ns = window_ns
+        # a channel leaves only once no window can hold its samples
+        self.retire_ns = None if cfg.retire_after_s is None else max(
+            round(cfg.retire_after_s * 1e9), window_ns + self.resampler.max_staleness_ns)  # fmt: skip
+        self.reanchor_ns = None if cfg.reanchor_after_s is None else round(cfg.reanchor_after_s * 1e9)
+        # pushes (event loop) create channels and fill buffers; retirement (the evaluating thread) removes them
+        self._lock = threading.Lock()
         for name in cfg.channels:
             self.add_channel(name)
 
@@ -87,19 +134,45 @@ class Intake:
         c = self.counters
         out = {"bad_sample": c.bad_sample, "unknown_channel": c.unknown_channel}
         out |= {"bad_name": c.bad_name, "channel_limit": c.channel_limit}
-        for reason in per_channel:
-            out[reason] = sum(getattr(cc, reason) for cc in self.channel_counters().values())
+        with self._lock:  # a channel retiring now is counted once, live or retired
+            live = [ch.buffer.counters for ch in self.channels.values()]
+            for reason in per_channel:
+                out[reason] = getattr(self.retired, reason) + sum(getattr(cc, reason) for cc in live)
         out["future"] += c.future
         return out
 
     def channel_counters(self) -> dict[str, ChannelCounters]:
-        """Per-channel sample counters (accepted, late, duplicate, nonfinite, future, overwritten), by name."""
+        """Per-channel sample counters (accepted, late, duplicate, nonfinite, future, overwritten), by name, of
+        the live channels (a retired channel's are summed in ``retired``)."""
         return {name: ch.buffer.counters for name, ch in list(self.channels.items())}
 
     def add_channel(self, name: str) -> None:
         # Only the buffer is created here (on the event loop); the matrix, pairs and scheduler grow in
         # Engine._sync_channels, called by the evaluating thread, so they never change under an evaluation.
-        self.channels[name] = Channel(name, self.capacity, self.cfg.window_len)
+        self.channels[name] = Channel(name, self.capacity, self.cfg.window_len, self.stream_ns)
+
+    def retire_silent(self, now_ns: int) -> list[str]:
+        """Retire the auto-added channels not heard from for ``retire_after_s`` at stream time now_ns (the hop's
+        end); returns their names. Called by the evaluating thread (Engine._sync_channels)."""
+        if self.retire_ns is None:
+            return []
+        configured = set(self.cfg.channels)
+        gone = []
+        with self._lock:
+            for name, ch in list(self.channels.items()):
+                heard = ch.heard_ns()
+                if heard is None:  # added before stream time began: its silence counts from now
+                    ch.born_ns = now_ns
+                if name in configured or heard is None or now_ns - heard <= self.retire_ns:
+                    continue
+                del self.channels[name]
+                for f in dataclasses.fields(ChannelCounters):
+                    setattr(self.retired, f.name, getattr(self.retired, f.name) + getattr(ch.buffer.counters, f.name))
+                gone.append(name)
+                log.info("channel %.80r silent for %.0f s: retired (it returns as a new channel when it speaks)",
+                         name, (now_ns - heard) / 1e9)  # fmt: skip
+        self.counters.channels_retired += len(gone)
+        return gone
 
     def _refused(self, name: str, n: int) -> bool:
         """For a name with no channel yet: whether it may not have one (its n samples then counted by reason)."""
@@ -185,16 +258,65 @@ class Intake:
         if max_t_ns is not None and channel not in self.channels and (t_ns > max_t_ns).all():
             self.counters.future += len(t_ns)  # a new name whose samples are all refused takes no channel slot
             return 0
-        ch = self._channel(channel, len(t_ns))
-        if ch is None:
-            return 0
-        accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
-        if accepted:
-            newest = int(ch.buffer.last_t_ns or 0)
-            if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
-                newest = min(newest, now_ns)
-            self._advance(newest, int(t_ns[0]))
+        with self._lock:
+            ch = self._channel(channel, len(t_ns))
+            if ch is None:
+                return 0
+            if ch.offset_ns:  # re-anchored: onto the stream clock (saturating, so no stamp wraps around)
+                lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+                t_ns = np.clip(t_ns, max(lo, lo - ch.offset_ns), min(hi, hi - ch.offset_ns)) + ch.offset_ns
+            last = ch.buffer.last_t_ns
+            accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
+            if self.reanchor_ns is not None:
+                self._watch_clock(ch, t_ns, vals, last, now_ns, max_t_ns, accepted)
+            if accepted:
+                newest = int(ch.buffer.last_t_ns or 0)
+                if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
+                    newest = min(newest, now_ns)
+                self._advance(newest, int(t_ns[0]))
         return accepted
+
+    def _watch_clock(
+        self,
+        ch: Channel,
+        t_ns: np.ndarray,
+        vals: np.ndarray,
+        last: int | None,
+        now_ns: int,
+        max_t_ns: int | None,
+        accepted: int,
+    ) -> None:
+        """Follow the run of samples off the channel's clock (module docstring); re-anchor it once it is long."""
+        finite = np.isfinite(vals)
+        if accepted:  # on its clock
+            ch.step = None
+        if accepted or not finite.any():
+            return
+        t_fin = t_ns[finite]
+        if last is not None and (t_fin < last - self.window_ns).all():
+            direction = "back"
+        elif max_t_ns is not None and (t_fin > max_t_ns).all():
+            direction = "forward"
+        else:  # duplicates, small reordering, a mix: not a step
+            ch.step = None
+            return
+        run = ch.step
+        if run is None or run.direction != direction:
+            run = ch.step = ClockStep(direction, int(t_fin[0]), int(t_fin[0]))
+        run.newest_ns = max(run.newest_ns, int(t_fin.max()))
+        run.samples += len(t_fin)
+        assert self.reanchor_ns is not None
+        if run.newest_ns - run.first_ns < self.reanchor_ns or run.samples < MIN_STEP_SAMPLES:
+            return
+        anchor = max((v for v in (self.stream_ns, last) if v is not None), default=now_ns)
+        step_ns = anchor - run.newest_ns  # the newest off-clock stamp lands on the stream clock
+        ch.offset_ns += step_ns
+        ch.step = None
+        self.counters.channels_reanchored += 1
+        why = "late" if direction == "back" else "future"
+        log.warning("channel %.80r: stamps stepped %s by %.3f s; re-anchored (later stamps shifted by %+.3f s onto "
+                    "the stream clock; %d samples dropped as %s before)", ch.name, direction, abs(step_ns) / 1e9,
+                    ch.offset_ns / 1e9, run.samples, why)  # fmt: skip
 
     def _advance(self, t_ns: int, t_first_ns: int) -> None:
         """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window."""

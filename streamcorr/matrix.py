@@ -106,6 +106,13 @@ class MatrixState:
             new[:n, :n] = old
             setattr(self, attr, new)
 
+    def remove_channels(self, names: set[str]) -> None:
+        """Drop channels (retired) and their rows and columns; the others keep their order and cells."""
+        keep = np.array([k for k, name in enumerate(self.channels) if name not in names], dtype=np.int64)
+        self.channels = [self.channels[k] for k in keep]
+        for attr in ("mi", "coverage", "refreshed_ns", "network_ns", "source", "dependent", "n_eff"):
+            setattr(self, attr, getattr(self, attr)[np.ix_(keep, keep)])
+
     def update(
         self,
         i: np.ndarray,

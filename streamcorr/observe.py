@@ -181,6 +181,11 @@ class DaemonMetrics(Collector):
             )
             yield CounterMetricFamily("streamcorr_pairs_evaluated", "Pair estimates made", value=ec.pairs_evaluated)
             yield GaugeMetricFamily("streamcorr_channels", "Channels in the matrix", value=len(engine.channels))
+            yield CounterMetricFamily("streamcorr_channels_retired", "Auto-added channels retired after "
+                                      "channels.retire_after_s of silence", value=ec.channels_retired)  # fmt: skip
+            yield CounterMetricFamily("streamcorr_channels_reanchored", "Channels whose clock stepped, re-anchored "
+                                      "onto the stream clock (channels.reanchor_after_s)",
+                                      value=ec.channels_reanchored)  # fmt: skip
             lost = CounterMetricFamily(
                 "streamcorr_engine_dropped", "Engine outputs and pairs lost, by kind", labels=["kind"]
             )
@@ -274,7 +279,9 @@ def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
 
 
 # engine counters with their own series (or in the drops by reason); others become streamcorr_engine_<name>
-_ENGINE_SHOWN = frozenset({"hops", "hops_skipped", "pairs_evaluated", "last_hop_s"})
+_ENGINE_SHOWN = frozenset(
+    {"hops", "hops_skipped", "pairs_evaluated", "last_hop_s", "channels_retired", "channels_reanchored"}
+)
 # ingest counters with their own series above; all other numeric ones become streamcorr_source_<name>
 _INGEST_SHOWN = frozenset({"messages", "samples_handed", "queue_full", "dropped", "samples_rejected"})
 _INGEST_HELP = {
@@ -301,7 +308,8 @@ def status_counters(d: Daemon) -> dict[str, float]:
     if engine is not None:
         ec = engine.counters
         out.update(channels=len(engine.channels), hops=ec.hops, hops_skipped=ec.hops_skipped,
-                   pairs_evaluated=ec.pairs_evaluated)  # fmt: skip
+                   pairs_evaluated=ec.pairs_evaluated, channels_retired=ec.channels_retired,
+                   channels_reanchored=ec.channels_reanchored)  # fmt: skip
         drops = engine.sample_drops()
         for field, n in _numbers(ec).items():
             if field not in {*_ENGINE_SHOWN, *drops} and "." not in field:

@@ -39,6 +39,8 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "auto_pairs_per_hop": (Channels, "auto_pairs_per_hop"),
     "max_future_s": (Channels, "max_future_s"),
     "max_name_bytes": (Channels, "max_name_bytes"),
+    "retire_after_s": (Channels, "retire_after_s"),
+    "reanchor_after_s": (Channels, "reanchor_after_s"),
     "window_len": (Window, "samples"),
     "min_coverage": (Window, "min_coverage"),
     "skip_stale_hops": (Window, "skip_stale_hops"),
@@ -96,6 +98,8 @@ class EngineConfig:
     auto_pairs_per_hop: int = _default("auto_pairs_per_hop")  # pairs with an auto-added channel per hop, at most
     max_future_s: float | None = _default("max_future_s")  # samples further ahead of the receive clock refused
     max_name_bytes: int = _default("max_name_bytes")  # the channel-name rule's length bound (streamcorr.names)
+    retire_after_s: float | None = _default("retire_after_s")  # auto-added channels silent this long leave
+    reanchor_after_s: float | None = _default("reanchor_after_s")  # a channel off its clock this long re-anchored
     skip_stale_hops: bool = _default("skip_stale_hops")  # live: jump to the newest window when behind
     queue_size: int = 64  # per subscriber
     estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments

@@ -159,6 +159,11 @@ class SurrogateNulls:
                 self.measure(est.estimate_histograms, est.grid, ranks, local, local + len(idx),
                              [pairs[idx[k]] for k in local], n_eff[idx[local]], t_ns)  # fmt: skip
 
+    def forget_channels(self, channels: set[str]) -> None:
+        """Drop the nulls of every pair with a channel in ``channels`` (retired)."""
+        self.forget({p for p in self._nulls if p[0] not in channels and p[1] not in channels})
+        self._above = {p for p in self._above if p[0] not in channels and p[1] not in channels}
+
     def forget(self, keep: set[tuple[str, str]]) -> None:
         """Drop the nulls of pairs not in keep (channels retired or pairs no longer smooth)."""
         for pair in [p for p in self._nulls if p not in keep]:

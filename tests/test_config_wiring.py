@@ -44,7 +44,8 @@ def _config(tmp: Path) -> dict[str, Any]:
              "topics": ["p"], "rcvhwm": 321},
         ],
         "channels": {"names": ["a", "b", "c"], "auto_add": False, "rate_hz": 20.0, "max_staleness_s": 0.2,
-                     "max_channels": 17, "auto_pairs_per_hop": 9, "max_future_s": 2.5, "max_name_bytes": 100},
+                     "max_channels": 17, "auto_pairs_per_hop": 9, "max_future_s": 2.5, "max_name_bytes": 100,
+                     "retire_after_s": 45.0, "reanchor_after_s": 7.5},
         "window": {"samples": 64, "hop_s": 0.5, "min_coverage": 0.5, "skip_stale_hops": False,
                    "repeated_rows": "keep"},
         "pairs": {"mode": "groups", "groups": ["a"], "groups_with": ["c"], "max_per_hop": 5},
@@ -166,6 +167,8 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         "channels.auto_pairs_per_hop": lambda p: p.engine.cfg.auto_pairs_per_hop,
         "channels.max_future_s": lambda p: p.engine.intake.cfg.max_future_s,
         "channels.max_name_bytes": lambda p: (p.engine.intake.cfg.max_name_bytes, p.zmq_src.decoder.max_name_bytes),
+        "channels.retire_after_s": lambda p: p.engine.intake.retire_ns / 1e9,
+        "channels.reanchor_after_s": lambda p: p.engine.intake.reanchor_ns / 1e9,
         "window.samples": lambda p: (p.engine.calibration.window_len, p.engine.screener.window_len),
         "window.hop_s": lambda p: p.engine.screener.hop_s,
         "window.hop_samples": lambda p: (
