@@ -169,8 +169,13 @@ class Intake:
                 for f in dataclasses.fields(ChannelCounters):
                     setattr(self.retired, f.name, getattr(self.retired, f.name) + getattr(ch.buffer.counters, f.name))
                 gone.append(name)
-                log.info("channel %.80r silent for %.0f s: retired (it returns as a new channel when it speaks)",
-                         name, (now_ns - heard) / 1e9)  # fmt: skip
+                self._log.each(
+                    logging.INFO,
+                    "retired",
+                    "channel %.80r silent for %.0f s: retired (it returns as a new channel when it speaks)",
+                    name,
+                    (now_ns - heard) / 1e9,
+                )  # each name: its own fact
         self.counters.channels_retired += len(gone)
         return gone
 
