@@ -264,6 +264,7 @@ def run(minutes: float, restart_every_s: float, outage_s: float, seed: int = 0) 
         "rss_start_mb": rss[0][1] if rss else math.nan, "rss_end_mb": rss[-1][1] if rss else math.nan,
         "rss_peak_mb": max((r for _, r in rss if math.isfinite(r)), default=math.nan),
         "rss_slope_mb_per_h": _rss_slope(rss, warmup_s), "warmup_s": warmup_s,
+        "rss_slope_second_half_mb_per_h": _rss_slope(rss, minutes * 30.0),
         "published_share": _published_share([s[0] for s in rec.snaps], t_start + warmup_s, t_stop, outages),
         "snapshots": len(rec.snaps), "undecodable_snapshots": rec.errors,
         "channels_last_snapshot": rec.snaps[-1][2] if rec.snaps else 0, "churn_names": clients.churn_names,
@@ -285,7 +286,8 @@ def _markdown(r: dict[str, Any], cmd: str) -> str:
     slope_ok = math.isfinite(r["rss_slope_mb_per_h"]) and r["rss_slope_mb_per_h"] <= RSS_SLOPE_BAR
     rows = [
         ("RSS slope after warm-up", f"{r['rss_slope_mb_per_h']:+.1f} MB/h (start {r['rss_start_mb']:.0f}, end "
-         f"{r['rss_end_mb']:.0f}, peak {r['rss_peak_mb']:.0f} MB; warm-up {r['warmup_s']:.0f} s)",
+         f"{r['rss_end_mb']:.0f}, peak {r['rss_peak_mb']:.0f} MB; warm-up {r['warmup_s']:.0f} s; over the second half "
+         f"{r['rss_slope_second_half_mb_per_h']:+.1f} MB/h)",
          f"<= {RSS_SLOPE_BAR:.0f} MB/h", mark(slope_ok)),
         ("hops published outside outages", f"{100 * r['published_share']:.1f}% ({r['snapshots']} snapshots)",
          f">= {100 * PUBLISHED_BAR:.0f}%", mark(r["published_share"] >= PUBLISHED_BAR)),
