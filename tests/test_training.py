@@ -182,17 +182,29 @@ def test_symmetries_of_the_square_are_exact_for_histograms():
 
 
 def test_shipped_null_calibrations_are_reproduced_and_stale_ones_removed(tmp_path):
-    """training.null_calibrations measures the shipped v1 file for window 256 again (to 1e-5 nats: eager and
-    compiled paths agree that far) under the same name, and removes files of weights no longer shipped."""
+    """training.null_calibrations measures the shipped v1 file for window 256 again under the same name (the
+    detector's bars to 1e-4 relative, the white pool's statistics to 1e-5 nats), and removes files of weights no
+    longer shipped."""
     import json
 
     from streamcorr.changes import SHIPPED_NULL_DIR
+    from streamcorr.significance import NullTable
     from training.null_calibrations import write_calibrations
 
     stale = tmp_path / "nulltable-0123456789abcdef-cpu-jitter-256.json"
     stale.write_text("{}")
     (path,) = write_calibrations(["infonet-v1"], [256], tmp_path, n_pairs=6000)
     shipped = json.loads((SHIPPED_NULL_DIR / path.name).read_text())
-    for key, value in json.loads(path.read_text()).items():
-        assert value == pytest.approx(shipped[key], abs=1e-5), key
+    made = json.loads(path.read_text())
+    # the bins at the n_eff cap (n_eff = window) hold a few hundred white-like windows whose raw quantiles move by
+    # up to 5e-3 nats between CPU models (measured: an Intel Xeon and an AMD EPYC); the detector's bars there come
+    # from the 20,000-window white pool, so the bars, the white statistics and the binning are what must reproduce
+    for key in ("window_len", "log_n_eff", "n_windows", "null_std", "white_from", "white_q90", "white_q99",
+                "white_scale", "white_windows"):  # fmt: skip
+        assert made[key] == pytest.approx(shipped[key], abs=1e-5), key
+    a, b = NullTable.from_json(path.read_text()), NullTable.from_json(json.dumps(shipped))
+    n_eff = np.geomspace(2.0, 256.0, 40)
+    for alpha in (1e-2, 1e-3, 1e-4):
+        np.testing.assert_allclose(a.dependent_above(n_eff, alpha), b.dependent_above(n_eff, alpha), rtol=1e-4)
+    np.testing.assert_allclose(a.median_at(n_eff), b.median_at(n_eff), atol=1e-3)
     assert not stale.exists()
