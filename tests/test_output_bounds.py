@@ -58,6 +58,7 @@ async def _publish(conn: Connection, max_queue_bytes: int) -> None:
     encode_snapshot(snap, seq=1)  # the encoder's first use, before the baseline
     async with ZmqPublisher(endpoint="tcp://127.0.0.1:*", snapshot_endpoint=None, prefix="b",
                             max_queue_bytes=max_queue_bytes) as pub:  # fmt: skip
+        await pub.publish_snapshot(snap)  # the first large snapshot sets the mark (a fresh socket), before anyone joins
         base = _rss_bytes()
         conn.send(pub.endpoint)
         deadline = time.monotonic() + 30
@@ -131,7 +132,7 @@ def test_stuck_zmq_subscribers_cost_at_most_the_byte_bound_and_what_they_miss_is
     counted: never more than a subscriber missed, at most the high-water mark fewer."""
     budget = 4 * MIB
     stuck, left, received = _with_stuck_subscribers(budget)
-    assert stuck["sent"] == N_SNAPSHOTS and 1 <= stuck["hwm"] <= budget // MIB
+    assert stuck["sent"] == N_SNAPSHOTS + 1 and 1 <= stuck["hwm"] <= budget // MIB  # and one before they joined
     assert 0 < stuck["queued_bytes"] <= STUCK * budget
     assert stuck["rss_growth"] < STUCK * budget + 24 * MIB  # before the fix: all 60 held, about 70 MiB
     missed = N_SNAPSHOTS - received
@@ -170,11 +171,13 @@ def test_zmq_drops_and_queued_bytes_are_on_the_daemons_metrics() -> None:
         ctx: zmq.Context[Any] = zmq.Context()
         await sink.start()
         try:
+            # the first large snapshot sets the mark (binding anew: the "online" status already left)
+            await sink.publish_snapshot(dataclasses.replace(snap, seq=1))
             sub = _stuck_subscriber(ctx, sink.endpoint)
             while sink.counters.extra["subscriptions"] < 1:
                 await asyncio.sleep(0.05)
             for k in range(20):
-                await sink.publish_snapshot(dataclasses.replace(snap, seq=k + 1))
+                await sink.publish_snapshot(dataclasses.replace(snap, seq=k + 2))
             await asyncio.sleep(2 * HOUSEKEEPING_S)
             text = generate_latest(daemon.registry).decode()
             sub.close()
@@ -188,7 +191,7 @@ def test_zmq_drops_and_queued_bytes_are_on_the_daemons_metrics() -> None:
     values, sink = asyncio.run(main())
     dropped = values["streamcorr_output_dropped_total", (("output", "zmq"), ("stream", "snapshot"))]
     assert dropped == sink.counters.dropped["snapshot"] >= 10
-    largest = len(encode_snapshot(snap, seq=20)) + len(b"b/snapshot")
+    largest = len(encode_snapshot(snap, seq=21)) + len(b"b/snapshot")
     assert 0 < values["streamcorr_zmq_queued_bytes", ()] <= max(2 * MIB, 2 * largest)  # the documented bound
     assert values["streamcorr_zmq_subscriptions", ()] == 1
     assert values["streamcorr_zmq_queue_limit_messages", ()] == 1  # 2 MiB // 1.1 MiB - 1
@@ -242,3 +245,45 @@ def test_a_stalled_web_client_is_bounded_in_bytes_and_its_drops_are_counted() ->
     assert stalled["events_dropped"] > n_events // 2 and stalled["snapshots_dropped"] > 0
     assert sent["event"] + stalled["events_dropped"] <= n_events
     assert left["clients"] == 0 and left["queued_bytes"] == 0 and depth == 0
+
+
+def test_a_reading_subscriber_keeps_receiving_when_snapshots_grow_past_the_bound() -> None:
+    """A subscriber that joined while the matrix was small still receives snapshots after they grow so large that
+    the queue mark must come down (the sink binds anew; before, its queue stopped for good)."""
+
+    async def main() -> tuple[list[int], float]:
+        small, large = _snapshot(2, 41), _snapshot(N_CHANNELS, 42)
+        ctx = zmq.asyncio.Context()
+        async with ZmqPublisher(endpoint="tcp://127.0.0.1:*", snapshot_endpoint=None, prefix="g",
+                                max_queue_bytes=4 * MIB, context=ctx) as pub:  # fmt: skip
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(pub.endpoint)
+            sub.setsockopt(zmq.SUBSCRIBE, b"g/snapshot")
+            seqs: list[int] = []
+
+            async def read() -> None:
+                while True:
+                    seqs.append(decode_message((await sub.recv_multipart())[1]).seq)
+
+            reader = asyncio.create_task(read())
+            seq = 0
+            while not seqs:  # the subscription has arrived and small snapshots flow
+                seq += 1
+                await pub.publish_snapshot(dataclasses.replace(small, seq=seq))
+                await asyncio.sleep(0.05)
+            grown_at = seq + 1
+            for _ in range(20):
+                seq += 1
+                await pub.publish_snapshot(dataclasses.replace(large, seq=seq))
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            reader.cancel()
+            sub.close()
+            rebinds = pub.counters.extra["rebinds"]
+        ctx.term()
+        return [s for s in seqs if s >= grown_at], rebinds
+
+    after, rebinds = asyncio.run(main())
+    assert rebinds == 1
+    assert len(after) >= 15, after  # all but those sent while the subscriber reconnected

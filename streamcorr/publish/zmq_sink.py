@@ -8,13 +8,17 @@ before anything was published. A subscriber that misses messages sees a jump in 
 
 **Bytes per subscriber.** libzmq keeps one queue per subscriber, bounds it in messages (``ZMQ_SNDHWM``) and
 drops silently what does not fit. The sink derives that mark from ``max_queue_bytes`` and the largest message
-sent so far: ``hwm = max_queue_bytes // largest - 1``, at least 1 and at most ``sndhwm``, lowered before a
-larger message leaves (libzmq applies a new mark to every connected subscriber; one that connects later gets
-it when its subscription arrives, which XPUB reports). A subscriber's queue then holds at most ``hwm``
-messages plus the one its connection is writing: at most ``max(max_queue_bytes, 2 x the largest message)``
-bytes of this process's memory per subscriber (tcp and ipc; an inproc peer adds its own receive mark). A
-message several subscribers hold is held once, and libzmq lets go of a subscriber's queue as soon as it
-leaves. The kernel's socket buffers (a few MiB per connection on Linux) come on top, outside the process.
+sent so far: ``hwm = max_queue_bytes // largest - 1``, at least 1 and at most ``sndhwm``. libzmq cannot change
+the mark of live queues safely (a queue whose reader owes acknowledgements stops for good; a queue being set
+up or torn down at that moment crashes its I/O thread), so before a larger message lowers the mark the sink
+binds a fresh XPUB with it on the same endpoint, and every queue has the current mark from its start.
+Subscribers reconnect by themselves and lose the messages of that moment (a jump in ``seq``; the late-joiner
+cache still has the newest snapshot; ``counters.extra["rebinds"]``): in practice once, as the matrix first
+fills. A subscriber's queue then holds at most ``hwm`` messages plus the one its connection is writing: at most
+``max(max_queue_bytes, 2 x the largest message)`` bytes of this process's memory per subscriber (tcp and ipc;
+an inproc peer adds its own receive mark). A message several subscribers hold is held once, and libzmq lets go
+of a subscriber's queue as soon as it leaves. The kernel's socket buffers (a few MiB per connection on Linux)
+come on top, outside the process.
 Not used, and why: ``ZMQ_XPUB_NODROP`` fails the send for every subscriber while one is full (one stuck
 client would stop them all); ``ZMQ_CONFLATE`` keeps single-part messages only; ``ZMQ_SNDBUF`` bounds the
 kernel's buffer, not libzmq's queue.
@@ -69,6 +73,7 @@ MAX_SUBSCRIPTION_BYTES = 4096  # a topic to subscribe to; libzmq drops a subscri
 CLOSE_LINGER_MS = 200  # time the final "offline" status gets to leave at stop()
 DEFAULT_QUEUE_BYTES: int = ZmqOutput.model_fields["max_queue_bytes"].default  # 8 MiB: seven 256-channel snapshots
 TRACKED = ("snapshot", "pairs")  # the large messages: sent without a copy, each one's release seen
+REBIND_TRIES = 100  # 10 ms apart: binding the endpoint again after a lower queue mark
 HOUSEKEEPING_S = 0.5  # subscriptions read and the gauges refreshed this often while nothing is sent
 MAX_NOTICES_PER_TURN = 10_000  # subscription notices read at a time (a flood must not stall the loop)
 
@@ -172,7 +177,8 @@ class ZmqPublisher:
         self.max_queue_bytes = max_queue_bytes
         self.sndhwm = sndhwm
         self.top_k, self.threshold = top_k, threshold
-        self.counters = SinkCounters(extra={"queued_bytes": 0, "subscriptions": 0, "queue_limit_messages": sndhwm})
+        self.counters = SinkCounters(extra={"queued_bytes": 0, "subscriptions": 0, "queue_limit_messages": sndhwm,
+                                            "rebinds": 0})  # fmt: skip
         self._context = context
         self._own_context: zmq.asyncio.Context | None = None
         self._pub: zmq.Socket[bytes] | None = None
@@ -299,36 +305,58 @@ class ZmqPublisher:
     def _read_subscriptions(self) -> None:
         """Read XPUB's subscribe / unsubscribe notices; a new subscriber's queue gets the current mark."""
         assert self._pub is not None
-        subscribed = False
         for _ in range(MAX_NOTICES_PER_TURN):
             try:
                 notice = self._pub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             if notice[:1] == b"\x01":
-                subscribed = True
                 self.counters.extra["subscriptions"] += 1
             elif notice[:1] == b"\x00":
                 self.counters.extra["subscriptions"] = max(0, self.counters.extra["subscriptions"] - 1)
                 self._left_at = time.monotonic()
-        if subscribed:  # libzmq gave the new queue the mark of bind time; setting it again reaches every queue
-            self._pub.setsockopt(zmq.SNDHWM, self._hwm)
 
     def _refresh_gauges(self) -> None:
         self._queued.refresh()
         self.counters.extra["queued_bytes"] = self._queued.nbytes
         self.counters.extra["queue_limit_messages"] = self._hwm
 
-    def _fit_hwm(self, nbytes: int) -> None:
+    async def _fit_hwm(self, nbytes: int) -> None:
         """Lower the mark before a message larger than any before it leaves, so queues stay within the bytes."""
         if nbytes <= self._largest:
             return
         self._largest = nbytes
         hwm = max(1, min(self.sndhwm, self.max_queue_bytes // nbytes - 1))
-        if hwm != self._hwm:
-            assert self._pub is not None
-            self._pub.setsockopt(zmq.SNDHWM, hwm)
-            self._hwm = hwm
+        if hwm >= self._hwm:
+            return
+        # never ZMQ_SNDHWM on a socket with queues: libzmq 4.3.5 stops a queue for good whose reader has not yet
+        # acknowledged more messages than the new mark, and crashes its I/O thread when a queue is being set up
+        # or torn down at that moment; a fresh socket gives every queue the mark from the start
+        await self._rebind(hwm)
+
+    async def _rebind(self, hwm: int) -> None:
+        """A fresh XPUB with the lower mark on the same endpoint; subscribers reconnect and subscribe again."""
+        ctx = self._context or self._own_context
+        assert ctx is not None and self._pub is not None
+        self._pub.close(linger=0)
+        self._pub = None
+        pub = make_sync_socket(ctx, zmq.XPUB, hwm=hwm, max_message_bytes=MAX_SUBSCRIPTION_BYTES)
+        pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+        pub.copy_threshold = 0
+        for _ in range(REBIND_TRIES):  # the closed socket lets go of its port on libzmq's I/O thread
+            try:
+                attach(pub, self.endpoint, bind=self.bind, what="ZeroMQ publisher")
+                break
+            except ConfigError:
+                await asyncio.sleep(0.01)
+        else:
+            pub.close(linger=0)
+            raise ConfigError(f"could not bind {self.endpoint} again with a lower queue mark ({hwm} messages)")
+        self._pub, self._hwm = pub, hwm
+        self.counters.extra["subscriptions"] = 0  # each subscriber's subscription arrives again
+        self.counters.extra["rebinds"] += 1
+        log.info("ZeroMQ publisher bound anew with a queue mark of %d messages for %d-byte messages (subscribers "
+                 "reconnect)", hwm, self._largest)  # fmt: skip
 
     async def _send(self, stream: str, payload: bytes, seq: int) -> bool:
         if self._pub is None:
@@ -338,13 +366,14 @@ class ZmqPublisher:
         self._read_subscriptions()
         topic_frame = self._topics[stream]
         try:
-            self._fit_hwm(len(topic_frame) + len(payload))
+            await self._fit_hwm(len(topic_frame) + len(payload))
+            assert self._pub is not None
             self._pub.send(topic_frame, zmq.NOBLOCK | zmq.SNDMORE)
             if stream in TRACKED:  # no copy: libzmq holds `payload` itself, and the tracker says when it lets go
                 tracker = self._pub.send(payload, zmq.NOBLOCK, copy=False, track=True)
             else:
                 self._pub.send(payload, zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
+        except (zmq.ZMQError, ConfigError) as exc:
             self.counters.dropped[stream] += 1
             self._warn.warning(f"send:{stream}", "ZeroMQ %s not sent: %s", stream, exc)
             return False
