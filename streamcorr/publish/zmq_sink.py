@@ -8,17 +8,17 @@ before anything was published. A subscriber that misses messages sees a jump in 
 
 **Bytes per subscriber.** libzmq keeps one queue per subscriber, bounds it in messages (``ZMQ_SNDHWM``) and
 drops silently what does not fit. The sink derives that mark from ``max_queue_bytes`` and the largest message
-sent so far: ``hwm = max_queue_bytes // largest - 1``, at least 1 and at most ``sndhwm``. libzmq cannot change
-the mark of live queues safely (a queue whose reader owes acknowledgements stops for good; a queue being set
-up or torn down at that moment crashes its I/O thread), so before a larger message lowers the mark the sink
-binds a fresh XPUB with it on the same endpoint, and every queue has the current mark from its start.
-Subscribers reconnect by themselves and lose the messages of that moment (a jump in ``seq``; the late-joiner
-cache still has the newest snapshot; ``counters.extra["rebinds"]``): in practice once, as the matrix first
-fills. A subscriber's queue then holds at most ``hwm`` messages plus the one its connection is writing: at most
-``max(max_queue_bytes, 2 x the largest message)`` bytes of this process's memory per subscriber (tcp and ipc;
-an inproc peer adds its own receive mark). A message several subscribers hold is held once, and libzmq lets go
-of a subscriber's queue as soon as it leaves. The kernel's socket buffers (a few MiB per connection on Linux)
-come on top, outside the process.
+sent so far: ``max_queue_bytes // largest - 1`` rounded down to a power of two, at least 1 and at most
+``sndhwm``. libzmq cannot change the mark of live queues safely (a queue whose reader owes acknowledgements
+stops for good; a queue being set up or torn down at that moment crashes its I/O thread), so before a larger
+message lowers the mark the sink binds a fresh XPUB with it on the same endpoint, and every queue has the
+current mark from its start. Subscribers reconnect by themselves and lose the messages of that moment (a jump
+in ``seq``; the late-joiner cache still has the newest snapshot; ``counters.extra["rebinds"]``): a few times
+while the matrix first grows (the mark only halves), then never. A subscriber's queue then holds at most
+``hwm`` messages plus the one its connection is writing: at most ``max(max_queue_bytes, 2 x the largest
+message)`` bytes of this process's memory per subscriber (tcp and ipc; an inproc peer adds its own receive
+mark). A message several subscribers hold is held once, and libzmq lets go of a subscriber's queue as soon as
+it leaves. The kernel's socket buffers (a few MiB per connection on Linux) come on top, outside the process.
 Not used, and why: ``ZMQ_XPUB_NODROP`` fails the send for every subscriber while one is full (one stuck
 client would stop them all); ``ZMQ_CONFLATE`` keeps single-part messages only; ``ZMQ_SNDBUF`` bounds the
 kernel's buffer, not libzmq's queue.
@@ -329,6 +329,7 @@ class ZmqPublisher:
         hwm = max(1, min(self.sndhwm, self.max_queue_bytes // nbytes - 1))
         if hwm >= self._hwm:
             return
+        hwm = 1 << (hwm.bit_length() - 1)  # a power of two: a growing matrix binds anew a few times, not per channel
         # never ZMQ_SNDHWM on a socket with queues: libzmq 4.3.5 stops a queue for good whose reader has not yet
         # acknowledged more messages than the new mark, and crashes its I/O thread when a queue is being set up
         # or torn down at that moment; a fresh socket gives every queue the mark from the start
