@@ -1,6 +1,6 @@
 """Realistic sensor streams: smooth, oscillating, quantised and near-random-walk channels on their own clocks.
 
-    python -m bench.realistic [--channels 12] [--seconds 300] [--window 1024] [--seed 0] [--quick]
+    python -m bench.realistic [--channels 12] [--seconds 300] [--window 1024] [--seeds 0 1 2 3] [--tag NAME] [--quick]
 
 A recording of several devices, each with its own rate (100, 50 or 20 Hz), phase offset and stamp jitter,
 and several fields per device sharing its stamps; some pairs are truly dependent (a linear or non-monotone
@@ -10,7 +10,8 @@ at each pair's effective sample size, false alarms budgeted per hour of the matr
 that treat every tick as an independent sample ("before": ``repeated_rows: keep``, ``significance: iid``,
 ``false_alarm_rate: 0.001`` per pair and evaluation). Reported per setting: independent pair-hops flagged
 dependent, chance ``became-dependent`` events per independent pair-hour, dependent pair-hops flagged (after
-the first window), and the hop's cost. Results go to bench/results/realistic.json and .md.
+the first window), and the hop's cost. Results go to bench/results/realistic.json and .md (realistic_NAME with
+``--tag``).
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--channels", type=int, default=12)
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--window", type=int, default=1024)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--tag", default="", help="results file suffix (realistic_TAG)")
     ap.add_argument("--quick", action="store_true", help="60 s, 6 channels, window 256 (a smoke run)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -148,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             r = replay(frames, dependent, args.window, **cfg)
             rows.append({"setting": label, "seed": seed, **r})
             print(json.dumps(rows[-1]), flush=True)
-    header = "| setting | seed | independent pair-hops flagged | chance events / indep. pair-hour | dependent pair-hops flagged | hop (median s) |\n|---|---|---|---|---|---|\n"  # noqa: E501
+    cols = ["setting", "seed", "independent pair-hops flagged", "chance events / indep. pair-hour",
+            "dependent pair-hops flagged", "hop (median s)"]  # fmt: skip
+    header = f"{args.channels} channels, {args.seconds:.0f} s, window {args.window}.\n\n| " + " | ".join(cols)
+    header += " |\n|" + "---|" * len(cols) + "\n"
     table = header + "".join(
         f"| {r['setting']} | {r['seed']} | {r['independent_flagged']:.2%} | {r['chance_per_pair_hour']:.3f} "
         f"({r['chance_events']}) | {r['dependent_flagged']:.1%} | {r['hop_s_median']:.3f} |\n"
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     info = {"args": vars(args), "rows": rows, "env": environment()}
     if not args.quick:
-        write_results("realistic", info, table)
+        write_results(f"realistic_{args.tag}" if args.tag else "realistic", info, table)
     print(table)
     return 0
 
