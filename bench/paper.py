@@ -179,7 +179,7 @@ def _curves(ests: list[Estimator], make: Callable[[float, np.random.Generator], 
 
 
 def gaussian(quick: bool) -> dict[str, Any]:
-    rhos = np.linspace(-0.99, 0.99, 6 if quick else 23)  # quick: a smoke run (MINE's fits take most of it)
+    rhos = np.linspace(-0.99, 0.99, 3 if quick else 23)  # quick: a smoke run (MINE's fits take most of it)
     draws = 1 if quick else 5
 
     def make(rho: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

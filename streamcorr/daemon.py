@@ -55,9 +55,7 @@ __all__ = ["Daemon"]
 
 SHUTDOWN_FLUSH_S = 5.0  # longest a shutdown waits for windows already due
 SHUTDOWN_SINK_S = 5.0  # longest a shutdown waits for one sink's last snapshot and goodbye
-# the estimator keeps freed buffers in the C heap for speed (estimator._tune_allocator); batches that change shape
-# as channels come and go leave free pages behind in every thread's arena, so the daemon hands them back this often
-HEAP_TRIM_EVERY_S = 60.0
+HEAP_TRIM_EVERY_S = 60.0  # free heap pages handed back this often (the estimator keeps freed buffers for speed)
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -19,6 +19,19 @@ from streamcorr.estimator import default_estimator
 from tests.brokers import free_port
 
 
+async def _start_and_stop(cfg: Any, details: list[str], timeout_s: float) -> None:
+    """Run a daemon until it is running (noting each phase detail on the way), then stop it."""
+    d = Daemon(cfg, estimator=default_estimator())
+    run = asyncio.create_task(d.run(install_signals=False))
+    deadline = time.monotonic() + timeout_s
+    while d.phase != "running":
+        assert time.monotonic() < deadline and not run.done(), d.phase_detail
+        details.append(d.phase_detail)
+        await asyncio.sleep(0.1)
+    d.stop()
+    await asyncio.wait_for(run, 30)
+
+
 def test_calibration_origin_names_the_shipped_file_and_a_window_that_needs_measuring(tmp_path, monkeypatch, caplog):
     """With an empty cache, window 256 of the shipped weights comes from the shipped file (and the log line says
     so, with its path); a window nothing ships is "measure"; a table loaded once is "loaded"."""
@@ -52,20 +65,8 @@ def test_a_slow_start_with_the_shipped_calibration_never_says_measuring(tmp_path
     cfg = parse_config({"version": 1, "sources": [src], "channels": {"names": ["a", "b"], "rate_hz": 10.0},
                         "window": {"samples": 256, "hop_samples": 32}, "http": {"port": free_port()}})  # fmt: skip
     details: list[str] = []
-
-    async def main() -> None:
-        d = Daemon(cfg, estimator=default_estimator())
-        run = asyncio.create_task(d.run(install_signals=False))
-        deadline = time.monotonic() + 60
-        while d.phase != "running":
-            assert time.monotonic() < deadline and not run.done(), d.phase_detail
-            details.append(d.phase_detail)
-            await asyncio.sleep(0.1)
-        d.stop()
-        await asyncio.wait_for(run, 30)
-
     with caplog.at_level(logging.INFO):
-        asyncio.run(main())
+        asyncio.run(_start_and_stop(cfg, details, timeout_s=60))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "measuring" not in text and not any("measuring" in s for s in details), text
     assert "null calibration for window.samples=256: shipped" in text, text
@@ -82,26 +83,15 @@ def test_a_first_start_at_an_unshipped_window_says_measuring_and_then_measured(t
     cfg = parse_config({"version": 1, "sources": [src], "channels": {"names": ["a", "b"], "rate_hz": 10.0},
                         "window": {"samples": 64, "hop_samples": 8}, "http": {"port": free_port()}})  # fmt: skip
 
-    async def start_and_stop(details: list[str]) -> None:
-        d = Daemon(cfg, estimator=default_estimator())
-        run = asyncio.create_task(d.run(install_signals=False))
-        deadline = time.monotonic() + 120
-        while d.phase != "running":
-            assert time.monotonic() < deadline and not run.done(), d.phase_detail
-            details.append(d.phase_detail)
-            await asyncio.sleep(0.1)
-        d.stop()
-        await asyncio.wait_for(run, 30)
-
     details: list[str] = []
     with caplog.at_level(logging.INFO):
-        asyncio.run(start_and_stop(details))
+        asyncio.run(_start_and_stop(cfg, details, timeout_s=120))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "measuring the change detector's null calibration" in text, text
     assert "null calibration for window.samples=64: measured" in text, text
     caplog.clear()
     monkeypatch.setattr(changes, "_TABLES", {})  # a new process: the table comes from the user's cache
     with caplog.at_level(logging.INFO):
-        asyncio.run(start_and_stop([]))
+        asyncio.run(_start_and_stop(cfg, [], timeout_s=120))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "null calibration for window.samples=64: cached" in text and "measuring" not in text, text
