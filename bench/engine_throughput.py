@@ -210,7 +210,7 @@ def scaling(args: argparse.Namespace) -> None:
         sizes = [(c, w, s) for s in ("off", "on") for c in (64, 256, 1024) for w in (256, 1024)]
     for n_ch, window, screening in sizes:
         cap = 8_160 if (screening == "off" and n_ch >= 256) else None  # a full hop there takes minutes
-        rows.append(_scaling_row(n_ch, window, screening, hops=2 if n_ch >= 256 else 4, cap=cap))
+        rows.append(_scaling_row(n_ch, window, screening, hops=2 if n_ch >= 256 or args.quick else 4, cap=cap))
     md = [
         "## Engine scaling: one hop on filled buffers, screening off (every pair) and on (compute only; median "
         "of 4 hops, 2 at >= 256 channels)\n",

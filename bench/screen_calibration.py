@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     windows = [256] if args.quick else [256, 512, 1024]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    pick = choose(windows, 300 if args.quick else 1000)
-    ship = shipped(windows, 300 if args.quick else 2000, 100 if args.quick else 500)
+    pick = choose(windows, 150 if args.quick else 1000)
+    ship = shipped(windows, 150 if args.quick else 2000, 50 if args.quick else 500)
     fams = " / ".join(FAMILIES)
     md = ["## Dependence screen: the choice of statistic and its calibration (min_effect = 0.1 nats)\n",
           "### 1. Candidates: threshold fitted for >= 99.5% pass at MI = 0.1 on every family, then measured on "
-          f"fresh pairs ({300 if args.quick else 1000} per family and null)\n",
+          f"fresh pairs ({150 if args.quick else 1000} per family and null)\n",
           "| window | sketch | K | threshold | lowest family pass | independent pairs passing |",
           "|---|---|---|---|---|---|"]  # fmt: skip
     for r in pick:
