@@ -201,8 +201,10 @@ class ChangeDetector:
                 del state[pair]
 
 
-# Null tables shipped for the shipped weights at windows 256, 512, 1024 and 2048 (CPU, the weights' tie policy), so
-# most first starts measure nothing: each file is a STREAMCORR_CACHE_DIR cache file.
+# Null tables shipped for the shipped weights at windows 256, 512, 1024 and 2048 (CPU, the weights' tie policy;
+# training.null_calibrations), and for the default weights at the short windows 32, 64 and 128 and with mid-rank
+# ties at 256 (first-start measurements, FIRST_START_PAIRS pairs), so most first starts measure nothing: each file
+# is a STREAMCORR_CACHE_DIR cache file.
 SHIPPED_NULL_DIR = Path(__file__).with_name("data") / "null"
 FIRST_START_PAIRS = 3000  # independent pairs a first start at another window length measures
 _TABLES: dict[tuple[str, int], NullTable] = {}

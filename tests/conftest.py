@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
+import tempfile
 
 import pytest
 
@@ -13,6 +16,13 @@ BROKER = ("127.0.0.1", 1883)
 # run would start that 30-s build beside timing-sensitive tests. Tests run the eager network (results agree within
 # 1e-5 nats); tests/test_aot.py builds and checks the package itself. Daemons started by tests inherit this.
 os.environ.setdefault("STREAMCORR_AOT", "0")
+
+# Calibrations the suite measures go to a cache of this run (hermetic: nothing read from or written to the user's
+# ~/.cache); shipped tables still load from the package. Daemons started by tests inherit it.
+if "STREAMCORR_CACHE_DIR" not in os.environ:
+    _RUN_CACHE = tempfile.mkdtemp(prefix="streamcorr-test-cache-")
+    os.environ["STREAMCORR_CACHE_DIR"] = _RUN_CACHE
+    atexit.register(shutil.rmtree, _RUN_CACHE, True)
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:

@@ -72,26 +72,26 @@ def test_a_slow_start_with_the_shipped_calibration_never_says_measuring(tmp_path
     assert "null calibration for window.samples=256: shipped" in text, text
 
 
-@pytest.mark.slow  # measures a null table (window 64, 3,000 pairs): 4-10 s on 2 cores
+@pytest.mark.slow  # measures a null table (window 96, 3,000 pairs): 10-60 s on 2 cores
 def test_a_first_start_at_an_unshipped_window_says_measuring_and_then_measured(tmp_path, monkeypatch, caplog):
-    """Window 64 (nothing shipped, empty cache): the daemon says it is measuring, /healthz's detail says so, and
+    """Window 96 (nothing shipped, empty cache): the daemon says it is measuring, /healthz's detail says so, and
     the calibration's line says "measured"; the next start's line says "cached"."""
     np.random.default_rng(2)  # nothing random here; seeded by convention
     monkeypatch.setenv("STREAMCORR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(changes, "_TABLES", {})
     src = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "mode": "pull", "bind": True}
     cfg = parse_config({"version": 1, "sources": [src], "channels": {"names": ["a", "b"], "rate_hz": 10.0},
-                        "window": {"samples": 64, "hop_samples": 8}, "http": {"port": free_port()}})  # fmt: skip
+                        "window": {"samples": 96, "hop_samples": 8}, "http": {"port": free_port()}})  # fmt: skip
 
     details: list[str] = []
     with caplog.at_level(logging.INFO):
         asyncio.run(_start_and_stop(cfg, details, timeout_s=120))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "measuring the change detector's null calibration" in text, text
-    assert "null calibration for window.samples=64: measured" in text, text
+    assert "null calibration for window.samples=96: measured" in text, text
     caplog.clear()
     monkeypatch.setattr(changes, "_TABLES", {})  # a new process: the table comes from the user's cache
     with caplog.at_level(logging.INFO):
         asyncio.run(_start_and_stop(cfg, [], timeout_s=120))
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "null calibration for window.samples=64: cached" in text and "measuring" not in text, text
+    assert "null calibration for window.samples=96: cached" in text and "measuring" not in text, text
