@@ -11,8 +11,10 @@ consecutive evaluations before its state flips; while dependent, moves larger th
 ``rel_delta`` of the current level (the estimator's spread grows with MI) and persist the same way are
 reported as rise / fall.
 
-A pair that is dependent from its first assessment gets ``became-dependent`` with ``initial=True`` once
-``persist`` evaluations confirm it: the dependence was there when the pair was first seen, not an onset.
+A pair that has never looked independent (below ``independent_below``, or failed the dependence screen) gets
+``became-dependent`` with ``initial=True`` once ``persist`` evaluations confirm it: the dependence was there when
+the pair was first seen, not an onset (a smooth pair whose evidence takes several windows to build, or which
+waits for its own null, becomes dependent late but was never seen independent).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class ChangeDetector:
         self._dependent: dict[tuple[str, str], bool] = {}
         self._level: dict[tuple[str, str], float] = {}
         self._streak: dict[tuple[str, str], tuple[str, int]] = {}
-        self._seen: dict[tuple[str, str], int] = {}  # evaluations of pairs still within their first `persist`
+        self._seen_low: set[tuple[str, str]] = set()  # pairs seen independent: a later crossing is an onset
 
     @property
     def alpha(self) -> float:
@@ -152,18 +154,12 @@ class ChangeDetector:
         if not np.isfinite(mi):
             return None
         dependent = self._dependent.get(pair)
-        if dependent is None:  # first assessment: independent until evidence says otherwise, marked initial
+        if dependent is None:  # first assessment: independent until evidence says otherwise
             self._dependent[pair] = dependent = False
             self._level[pair] = mi
-            self._seen[pair] = 0
         prev = self._level[pair]
-        seen = self._seen.get(pair)
-        if seen is not None:
-            seen += 1
-            if seen >= self.persist:
-                del self._seen[pair]
-            else:
-                self._seen[pair] = seen
+        if not dependent and mi < lo:
+            self._seen_low.add(pair)
         candidate: EventKind | None = None
         if not dependent and mi > hi:
             candidate = "became-dependent"
@@ -178,7 +174,9 @@ class ChangeDetector:
             return None
         if not self._confirm(pair, candidate):
             return None
-        initial = candidate == "became-dependent" and seen is not None and seen <= self.persist
+        initial = candidate == "became-dependent" and pair not in self._seen_low
+        if candidate == "became-independent":
+            self._seen_low.add(pair)
         if candidate in ("became-dependent", "became-independent"):
             self._dependent[pair] = candidate == "became-dependent"
         self._level[pair] = mi
@@ -190,15 +188,17 @@ class ChangeDetector:
         if pair not in self._dependent:
             self._dependent[pair] = False
             self._level[pair] = level
+            self._seen_low.add(pair)
 
     def is_dependent(self, pair: tuple[str, str]) -> bool | None:
         return self._dependent.get(pair)
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of every pair with a channel in ``channels`` (retired): a name that returns starts anew."""
-        for state in (self._dependent, self._level, self._streak, self._seen):
+        for state in (self._dependent, self._level, self._streak):
             for pair in [p for p in state if p[0] in channels or p[1] in channels]:
                 del state[pair]
+        self._seen_low = {p for p in self._seen_low if p[0] not in channels and p[1] not in channels}
 
 
 # Null tables shipped for the shipped weights at windows 256, 512, 1024 and 2048 (CPU, the weights' tie policy;

@@ -64,6 +64,19 @@ def test_dependent_at_first_assessment_is_reported_as_initial():
     assert late[3] is not None and late[3].kind == "became-dependent" and not late[3].initial
 
 
+def test_a_pair_never_seen_independent_is_initial_when_its_evidence_builds_late():
+    """A pair between the two bars for several evaluations (never below independent_below) that then crosses the
+    upper bar was dependent when first seen: initial; once seen independent, its next crossing is an onset."""
+    det = ChangeDetector(_cal(), ALPHA, min_effect=0.0, persist=2)
+    hi, lo = (float(v[0]) for v in det.thresholds(np.array([256.0])))
+    mid, high = (hi + lo) / 2, hi + 0.1
+    events = [det.update(("a", "b"), v, t) for t, v in enumerate([mid] * 6 + [high] * 2)]
+    assert events[-1] is not None and events[-1].kind == "became-dependent" and events[-1].initial
+    later = [det.update(("a", "b"), v, t) for t, v in enumerate([0.0, 0.0, high, high], start=10)]
+    assert later[1] is not None and later[1].kind == "became-independent"
+    assert later[3] is not None and later[3].kind == "became-dependent" and not later[3].initial
+
+
 def test_thresholds_follow_the_effective_sample_size():
     """A smaller effective sample size raises both bars; a lower false-alarm rate raises the upper one."""
     table = NullTable(256, (math.log(10), math.log(256)), (0.3, 0.003), (0.6, 0.02), (0.3, 0.02), null_std=0.02)
