@@ -75,7 +75,8 @@ def run(est: Estimator, data: np.ndarray) -> dict[str, Any]:
             mis.append(snap.mi[i, j])
     mi = np.stack(mis)  # (hops, pairs)
     hours = data.shape[1] / RATE_HZ / 3600
-    cal = eng.calibration
+    # the detector's bars for white noise (n_eff = the window) at the engine's per-evaluation rate
+    hi, lo = (float(v[0]) for v in eng.detector.thresholds(np.array([float(WINDOW)])))
     return {
         "hops": len(mis),
         "pairs": len(i),
@@ -83,10 +84,10 @@ def run(est: Estimator, data: np.ndarray) -> dict[str, Any]:
         "events": len(events),
         "events_by_kind": {k: sum(e.kind == k for e in events) for k in sorted({e.kind for e in events})},
         "events_per_pair_hour": len(events) / (len(i) * hours),
-        "share_above_dependent_above": float((mi > cal.dependent_above).mean()),  # calibrated: <= 0.1%
-        "share_above_independent_below": float((mi > cal.independent_below).mean()),  # calibrated: 10%
-        "dependent_above": cal.dependent_above,
-        "independent_below": cal.independent_below,
+        "share_above_dependent_above": float((mi > hi).mean()),  # at most the per-evaluation rate
+        "share_above_independent_below": float((mi > lo).mean()),  # calibrated: 10%
+        "dependent_above": hi,
+        "independent_below": lo,
         "mean_mi": float(mi.mean()),
         "p99_mi": float(np.quantile(mi, 0.99)),
         "wall_s": time.perf_counter() - t0,
@@ -169,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "# Chance change events on independent channels (issue 13)\n",
         f"{n_ch} independent channels ({n_ch * (n_ch - 1) // 2} pairs), {minutes:g} simulated minutes per row, "
         f"the demo's engine settings (window {WINDOW} at {RATE_HZ:g} Hz, hop {HOP}, delta {DEMO_DELTA}, "
-        "false-alarm rate 1e-3, screening off); every hop evaluated.\n",
-        "| channels | estimator | events | per pair-hour | above dependent_above (calibrated <= 0.1%) "
+        "false alarms budgeted at the default 1 an hour for the matrix, screening off); every hop evaluated.\n",
+        "| channels | estimator | events | per pair-hour | above dependent_above (at most the per-evaluation rate) "
         "| above independent_below (calibrated 10%) | mean MI | 99th pct MI |",
         "|---|---|---|---|---|---|---|---|",
     ]
