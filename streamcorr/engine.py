@@ -310,9 +310,9 @@ class Engine:
         done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
         own = None
         if self.cfg.significance == "effective":  # smooth pairs' own nulls (significance.SurrogateNulls)
-            held = repeats[i] | repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
+            repeating = repeats[i] | repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
             own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, u, groups, i, j,
-                                                 hop_pairs, mi, n_eff, done, end_tick, held)  # fmt: skip
+                                                 hop_pairs, mi, n_eff, done, end_tick, repeating)  # fmt: skip
         t0 = cnt.add_time("significance", t0)
         events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick, own)
         held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)

@@ -27,8 +27,9 @@ def normal_weight(n_eff: float) -> float:
 
 def _quantile(mean: float, var: float, tail: float, w: float) -> float:
     """The value a null of this mean and variance exceeds with probability ``tail``: gamma and normal blended."""
-    skewed = gamma.isf(tail, mean**2 / var, scale=var / mean)
-    return float((1 - w) * skewed + w * (mean + norm.isf(tail) * math.sqrt(var)))
+    normal = mean + norm.isf(tail) * math.sqrt(var) if w > 0 else 0.0
+    skewed = gamma.isf(tail, mean**2 / var, scale=var / mean) if w < 1 else 0.0
+    return float((1 - w) * skewed + w * normal)
 
 
 class SurrogateNulls:
@@ -41,9 +42,9 @@ class SurrogateNulls:
     raised to its 95% upper confidence bound with min(n_surrogates, n_eff / 2) degrees of freedom, since
     neighbouring shifts of a smooth pair are not independent draws. The tail is gamma-shaped (skewed) below
     ``NORMAL_FROM[0]`` effective samples and normal from ``NORMAL_FROM[1]``, blended between: a gamma tail
-    alone is right for AR(1) pairs of a few dozen effective samples but five to ten times too strict at a few
-    hundred, where it missed dependence of 0.2 nats. ``bench.surrogate_tail`` measures how often independent
-    pairs exceed the bar at rates 1e-2 to 1e-4 (``bench/results/surrogate_tail.md``).
+    alone fits AR(1) pairs of a few dozen effective samples but is too strict at a few hundred, where it missed
+    dependence of 0.2 nats of a slow device's field (``bench.realistic``). ``bench.surrogate_tail`` measures how
+    often independent pairs exceed the bar at rates 1e-2 to 1e-4 (``bench/results/surrogate_tail.md``).
 
     A pair's surrogate null is measured again once its window has been replaced (``refresh_ns``), for at most
     ``max_pairs`` pairs a hop (the strongest first); pairs without one keep the table's thresholds.
@@ -126,7 +127,7 @@ class SurrogateNulls:
         n_eff: np.ndarray,
         done: np.ndarray,
         t_ns: int,
-        held: np.ndarray | None = None,
+        held: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """One hop's thresholds (per done pair; NaN where the table decides) from the surrogate nulls of smooth
         pairs (n_eff below half the window) and of pairs with a held channel (``held``: one repeats samples on
@@ -136,8 +137,7 @@ class SurrogateNulls:
         if self.n_surrogates == 0 or not done.any():
             return None
         ne = np.where(done, n_eff, np.inf)
-        own = ne < 0.5 * table.window_len if held is None else (ne < 0.5 * table.window_len) | held
-        smooth = done & own & (mi > table.median_at(np.minimum(ne, 1e9)))
+        smooth = done & ((ne < 0.5 * table.window_len) | held) & (mi > table.median_at(np.minimum(ne, 1e9)))
         if not smooth.any():
             return None
         due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff))
