@@ -32,7 +32,7 @@ import numpy as np
 
 from streamcorr import Estimator
 from streamcorr.demo import DEMO_DELTA
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 from .common import environment, write_results
 

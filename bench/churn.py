@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 from .common import environment, rss_mb, write_results
 

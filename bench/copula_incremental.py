@@ -12,7 +12,7 @@ import argparse
 
 import numpy as np
 
-from streamcorr.copula import SlidingRanks, rank_transform
+from streamcorr.estimate.copula import SlidingRanks, rank_transform
 
 from .common import environment, median_time, write_results
 

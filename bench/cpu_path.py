@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamcorr.aot import AotForward
-from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
-from streamcorr.estimator import Estimator
+from streamcorr.estimate.aot import AotForward
+from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.estimate.estimator import Estimator
 from training.tasks import random_mixture
 
 from .common import environment, write_results
@@ -44,7 +44,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 STARTUP = (
-    "import time; t0 = time.perf_counter(); import numpy as np; from streamcorr.estimator import Estimator; "
+    "import time; t0 = time.perf_counter(); import numpy as np; from streamcorr.estimate.estimator import Estimator; "
     "est = Estimator(**{kw}); rng = np.random.default_rng(0); x = rng.standard_normal(1024); "
     "est.estimate(x, x + rng.standard_normal(1024)); print(time.perf_counter() - t0)"
 )

@@ -23,7 +23,18 @@ PORT = 8061
 
 def main() -> int:
     demo = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr.cli", "demo", "--speed", "3", "--duration", "400", "--port", str(PORT)],
+        [
+            sys.executable,
+            "-m",
+            "streamcorr.cli.commands",
+            "demo",
+            "--speed",
+            "3",
+            "--duration",
+            "400",
+            "--port",
+            str(PORT),
+        ],
         stdout=subprocess.DEVNULL,
     )
     try:

@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from streamcorr.engine import Engine, EngineConfig
-from streamcorr.estimator import Estimator
-from streamcorr.matrix import SOURCE_NETWORK
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.engine.matrix import SOURCE_NETWORK
+from streamcorr.estimate.estimator import Estimator
 
 from .common import environment, rss_mb, write_results
 

@@ -21,11 +21,11 @@ import numpy as np
 from scipy.signal import lfilter
 
 from bench.common import environment, write_results
-from streamcorr.changes import ChangeDetector, cached_calibration
-from streamcorr.engine import Engine, EngineConfig
-from streamcorr.estimator import default_estimator
-from streamcorr.significance import autocorrelation, pair_n_eff, rank_rows
-from streamcorr.surrogates import SurrogateNulls
+from streamcorr.engine.changes import ChangeDetector, cached_calibration
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.estimate.estimator import default_estimator
+from streamcorr.estimate.significance import autocorrelation, pair_n_eff, rank_rows
+from streamcorr.estimate.surrogates import SurrogateNulls
 
 ALPHA = 0.01
 

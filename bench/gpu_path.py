@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from streamcorr.copula import rank_transform
-from streamcorr.estimator import Estimator
-from streamcorr.tensor_path import TensorPath, TimeSplit
+from streamcorr.estimate.copula import rank_transform
+from streamcorr.estimate.estimator import Estimator
+from streamcorr.estimate.tensor_path import TensorPath, TimeSplit
 
 from .common import environment, write_results
 

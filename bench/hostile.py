@@ -461,7 +461,7 @@ def _start_daemon(workdir: Path, cfg: dict[str, Any], name: str) -> subprocess.P
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with (workdir / f"{name}.log").open("wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "streamcorr.cli", "run", str(path)], stdout=log, stderr=log)
+        return subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)], stdout=log, stderr=log)
 
 
 def _wait(cond: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes]) -> None:

@@ -154,8 +154,8 @@ _ESTIMATOR: list[Any] = []
 
 
 def _engine(names: list[str], rate_hz: float, evaluate_pairs: int) -> Any:
-    from streamcorr.engine import Engine, EngineConfig
-    from streamcorr.estimator import Estimator
+    from streamcorr.engine.core import Engine, EngineConfig
+    from streamcorr.estimate.estimator import Estimator
 
     if not _ESTIMATOR:
         _ESTIMATOR.append(Estimator())

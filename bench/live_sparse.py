@@ -83,7 +83,7 @@ class Generator:
 
 def ground_truth() -> dict[tuple[Any, ...], float]:
     """Mean model MI of every in-group pair (local indices within a group type) on 4 windows of 4096."""
-    from streamcorr.estimator import Estimator
+    from streamcorr.estimate.estimator import Estimator
 
     est = Estimator()
     out: dict[tuple[Any, ...], float] = {}
@@ -162,7 +162,7 @@ def _produce(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from streamcorr.screen import ScreenCalibration
+    from streamcorr.engine.screen import ScreenCalibration
 
     n_ch = args.channels
     names = [f"ch{c:03d}" for c in range(n_ch)]
@@ -199,7 +199,7 @@ logging:
     (tmp / "config.yaml").write_text(cfg)
     load = [os.getloadavg()]
     daemon = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from streamcorr.cli import main; sys.exit(main())", "run",
+        [sys.executable, "-c", "import sys; from streamcorr.cli.commands import main; sys.exit(main())", "run",
          str(tmp / "config.yaml")], stderr=open(tmp / "daemon.log", "wb"))  # noqa: SIM115  # fmt: skip
     time.sleep(args.startup_s)  # the daemon loads the model and its calibrations (cached) before it listens
     received: list[tuple[float, Any]] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
 from training.tasks import bounded_noise_draw, gaussian_mi, uniform_noise_mi
 
 from .common import environment, write_results

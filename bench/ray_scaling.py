@@ -2,7 +2,7 @@
 
     python -m bench.ray_scaling [--channels 128 256] [--window 512] [--repeats 2] [--quick]
 
-Through the public backends (streamcorr.compute): ``LocalEvaluator`` (the engine's own estimator, torch's
+Through the public backends (streamcorr.compute.local): ``LocalEvaluator`` (the engine's own estimator, torch's
 default threads) and ``RayEvaluator`` with 1 and 2 workers of one CPU each on a local Ray instance of 2 CPUs.
 Each configuration gets a warm-up hop, then ``repeats`` timed hops of every pair of a ``window``-sample
 window. Per hop: wall time, pairs/s, bytes put into the object store, head time spent scheduling (put,
@@ -30,11 +30,11 @@ import numba
 import numpy as np
 import torch
 
-from streamcorr.compute import LocalEvaluator
-from streamcorr.compute_ray import RayEvaluator
+from streamcorr.compute.local import LocalEvaluator
+from streamcorr.compute.ray import RayEvaluator
 from streamcorr.config import Compute
-from streamcorr.copula import rank_transform
-from streamcorr.estimator import Estimator
+from streamcorr.estimate.copula import rank_transform
+from streamcorr.estimate.estimator import Estimator
 
 from .common import environment, write_results
 

@@ -25,7 +25,7 @@ import numpy as np
 from scipy.signal import lfilter
 
 from bench.common import environment, write_results
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 T0 = 1_732_700_000.0
 RELATIONS = ("linear", "square", "abs", "tanh", "quantised")

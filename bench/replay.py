@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     rate, window, hop = 100.0, 1024, 100
     pairs = args.channels * (args.channels - 1) // 2
 
-    from streamcorr.cli import main as cli_main
-    from streamcorr.ingest.logs import open_log
+    from streamcorr.cli.commands import main as cli_main
+    from streamcorr.offline.logs import open_log
 
     rows = []
     env = environment()  # before the runs: a --threads run sets torch's threads for the rest of the process

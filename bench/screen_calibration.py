@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from streamcorr.screen import FAMILIES, ScreenCalibration, pair_statistic, simulate_family
+from streamcorr.engine.screen import FAMILIES, ScreenCalibration, pair_statistic, simulate_family
 
 from .common import environment, write_results
 
@@ -45,7 +45,7 @@ def choose(windows: list[int], n_pairs: int) -> list[dict[str, Any]]:
 
 
 def shipped(windows: list[int], n_pairs: int, n_model: int, min_effect: float = 0.1) -> list[dict[str, Any]]:
-    from streamcorr.estimator import Estimator
+    from streamcorr.estimate.estimator import Estimator
 
     est = Estimator()
     rows = []

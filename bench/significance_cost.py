@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from bench.common import environment, write_results
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 BEFORE = {"repeated_rows": "keep", "significance": "iid", "surrogates": 0}
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from streamcorr.matrix import Snapshot
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.publish.envelope import encode_snapshot
 
 from .common import environment, write_results

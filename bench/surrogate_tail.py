@@ -21,10 +21,10 @@ import numpy as np
 from scipy.signal import lfilter
 
 from bench.common import environment, write_results
-from streamcorr.changes import cached_calibration
-from streamcorr.estimator import default_estimator
-from streamcorr.significance import autocorrelation, null_processes, pair_n_eff, rank_rows
-from streamcorr.surrogates import SurrogateNulls
+from streamcorr.engine.changes import cached_calibration
+from streamcorr.estimate.estimator import default_estimator
+from streamcorr.estimate.significance import autocorrelation, null_processes, pair_n_eff, rank_rows
+from streamcorr.estimate.surrogates import SurrogateNulls
 
 N_SURROGATES = 20
 ALPHAS = (1e-2, 1e-3, 1e-4)

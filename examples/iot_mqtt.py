@@ -54,11 +54,11 @@ from typing import Any
 import aiomqtt
 import numpy as np
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import StreamcorrError
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.subscriber import Subscriber
 
 RATE_HZ = 1.0

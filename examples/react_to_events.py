@@ -37,9 +37,9 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.engine.changes import ChangeEvent
 from streamcorr.errors import StreamcorrError
 from streamcorr.publish.subscriber import Subscriber
 

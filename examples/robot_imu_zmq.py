@@ -53,11 +53,11 @@ import zmq
 import zmq.asyncio
 from scipy.signal import lfilter
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.config import parse_config
 from streamcorr.daemon import Daemon
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import StreamcorrError
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.subscriber import Subscriber
 
 RATE_HZ = 100.0  # the engine's clock, and each IMU's nominal rate

@@ -14,14 +14,14 @@ __version__ = "0.1.0"
 
 # public name -> submodule that defines it, imported on first access (PEP 562)
 _LAZY = {
-    "Estimator": "estimator",
-    "estimate_mi": "estimator",
-    "estimate_mi_batch": "estimator",
-    "sliced_mi": "estimator",
-    "Engine": "engine",
-    "EngineConfig": "engine",
-    "Snapshot": "matrix",
-    "ChangeEvent": "changes",
+    "Estimator": "estimate.estimator",
+    "estimate_mi": "estimate.estimator",
+    "estimate_mi_batch": "estimate.estimator",
+    "sliced_mi": "estimate.estimator",
+    "Engine": "engine.core",
+    "EngineConfig": "engine.settings",
+    "Snapshot": "engine.matrix",
+    "ChangeEvent": "engine.changes",
     "Subscriber": "publish.subscriber",
     "load_config": "config",
 }
@@ -44,11 +44,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .changes import ChangeEvent
     from .config import load_config
-    from .engine import Engine, EngineConfig
-    from .estimator import Estimator, estimate_mi, estimate_mi_batch, sliced_mi
-    from .matrix import Snapshot
+    from .engine.changes import ChangeEvent
+    from .engine.core import Engine
+    from .engine.matrix import Snapshot
+    from .engine.settings import EngineConfig
+    from .estimate.estimator import Estimator, estimate_mi, estimate_mi_batch, sliced_mi
     from .publish.subscriber import Subscriber
 
 

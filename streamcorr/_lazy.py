@@ -12,7 +12,7 @@ def lazy_getattr(module: str, package: str | None, table: Mapping[str, str]) -> 
     """A module-level ``__getattr__`` that imports ``table[name]`` (a submodule relative to ``package``) on
     first access and returns its ``name``; other names raise AttributeError as usual.
 
-    >>> __getattr__ = lazy_getattr("streamcorr", "streamcorr", {"Snapshot": "matrix"})
+    >>> __getattr__ = lazy_getattr("streamcorr", "streamcorr", {"Snapshot": "engine.matrix"})
     >>> __getattr__("Snapshot").__name__
     'Snapshot'
     >>> __getattr__("nope")

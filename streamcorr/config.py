@@ -20,14 +20,18 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .changes import MAX_FALSE_ALARM_RATE
 from .errors import ConfigError
 from .names import name_problem
-from .scheduler import HOP_BUDGET, MAX_AGE_S, SCREENING
-from .weights import DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS
 
 __all__ = ["Config", "load_config", "parse_config"]
 
+# defaults the parts share, each defined here once; infonet-v2 is at or above v1 (models/README.md)
+SHIPPED_WEIGHTS, DEFAULT_WEIGHTS_NAME = ("infonet-v1", "infonet-v2"), "infonet-v2"
+SCREENING: Literal["auto", "on", "off"] = "auto"  # auto: screen when the pairs exceed the network's hop budget
+MAX_AGE_S = 120.0  # a backstop network estimate per pair (engine/scheduler.py says why 120 s)
+HOP_S = 1.0  # seconds between evaluations when neither window.hop_samples nor window.hop_s is given
+HOP_BUDGET = 0.8  # share of each hop the network may use, at the measured pairs/s
+MAX_FALSE_ALARM_RATE = 0.1  # false_alarm_rate lies in (0, this): above it the quantile is no longer a tail
 SCHEMA_VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake (or /dev/zero)
 MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded: a "billion laughs" file stops here
@@ -164,7 +168,7 @@ class Channels(_Strict):
 
 class Window(_Strict):
     samples: int = Field(1024, ge=32, le=1 << 20)  # window length, samples of the common clock
-    # samples between evaluations (give this or hop_s; neither: one hop per second)
+    # samples between evaluations (give this or hop_s; neither: one hop per HOP_S, a second)
     hop_samples: int | None = Field(None, ge=1)
     hop_s: float | None = Field(None, gt=0)  # seconds between evaluations
     # share of the window where both channels must have data for a pair to be evaluated
@@ -209,8 +213,8 @@ class Screening(_Strict):
 class EstimatorConfig(_Strict):
     device: Literal["cpu", "cuda", "auto"] = "auto"  # auto: CUDA when torch sees a GPU
     amp: bool | None = None  # bf16 autocast for the network; None: on where it pays (measured in bench.cpu_path)
-    # torch.compile the network (true), or its ahead-of-time package for this CPU ("aot", streamcorr.aot); None:
-    # torch.compile on CUDA, "aot" on a CPU (bench.gpu_path, bench.cpu_path)
+    # torch.compile the network (true), or its ahead-of-time package for this CPU ("aot", streamcorr.estimate.aot);
+    # None: torch.compile on CUDA, "aot" on a CPU (bench.gpu_path, bench.cpu_path)
     compile: bool | Literal["aot"] | None = None
     batch_size: int = Field(128, ge=1, le=65_536)  # pairs per network call
     threads: int | None = Field(None, ge=1)  # torch threads for the network; None: torch's default
@@ -218,7 +222,7 @@ class EstimatorConfig(_Strict):
     # estimates above 1.5 nats refined by the chain rule over quantile slabs (windows >= 512; Estimator docstring)
     refine_high_mi: bool = True
     # ar: MI between the channels' innovations (residuals of a per-channel AR fit over the window): dependence of
-    # the new information rather than of slow levels (streamcorr.significance.prewhiten); none: the samples
+    # the new information rather than of slow levels (streamcorr.estimate.significance.prewhiten); none: the samples
     prewhiten: Literal["none", "ar"] = "none"
 
     @field_validator("weights")
@@ -231,7 +235,7 @@ class EstimatorConfig(_Strict):
 
 
 class Compute(_Strict):
-    """Where pair MI is computed (streamcorr.compute): in the daemon's process, or on Ray actors."""
+    """Where pair MI is computed (streamcorr.compute.local): in the daemon's process, or on Ray actors."""
 
     backend: Literal["local", "ray"] = "local"  # ray: pip install -e ".[ray]"
     address: str | None = None  # ray: None starts a local instance; "auto" or "host:6379" joins a running cluster
@@ -246,14 +250,14 @@ class Compute(_Strict):
 
 class Changes(_Strict):
     # chance became-dependent events an hour over the whole matrix; the per-pair rate follows from the number of
-    # pairs, the hop and the window (streamcorr.significance.per_evaluation_rate)
+    # pairs, the hop and the window (streamcorr.estimate.significance.per_evaluation_rate)
     false_alarms_per_hour: float = Field(1.0, gt=0, le=1e6)
     # per pair and evaluation instead (overrides false_alarms_per_hour when set)
     false_alarm_rate: float | None = Field(None, gt=0, lt=MAX_FALSE_ALARM_RATE)
     # effective: the null at each pair's effective sample size (smooth signals); iid: as if every sample were
     # independent (only for white-noise data)
     significance: Literal["effective", "iid"] = "effective"
-    # circularly shifted surrogates per smooth pair for its own null (streamcorr.significance); 0: the table only
+    # circularly shifted surrogates per smooth pair for its own null (streamcorr.estimate.surrogates); 0: table only
     surrogates: int = Field(20, ge=0, le=256)
     min_effect: float = Field(0.1, ge=0)  # nats: a pair must also exceed this to become dependent
     persist: int = Field(2, ge=1)  # evaluations in a row a change must hold before it is reported
@@ -343,7 +347,7 @@ class Config(_Strict):
             return self.window.hop_samples
         if self.window.hop_s is not None:
             return max(1, round(self.window.hop_s * self.channels.rate_hz))
-        return max(1, round(self.channels.rate_hz))  # default: one hop per second
+        return max(1, round(HOP_S * self.channels.rate_hz))
 
 
 def _describe(exc: ValidationError) -> str:

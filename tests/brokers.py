@@ -280,7 +280,7 @@ def small_engine(**config: Any) -> Any:
     """A small real Engine (64-sample windows at 10 Hz) sharing one estimator per process, so the null
     calibration (cached per estimator) runs once; a 5% false-alarm rate keeps that calibration short."""
     from streamcorr import Engine, EngineConfig
-    from streamcorr.estimator import Estimator
+    from streamcorr.estimate.estimator import Estimator
 
     if not _ESTIMATOR:
         _ESTIMATOR.append(Estimator())

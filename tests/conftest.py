@@ -12,8 +12,8 @@ import pytest
 
 BROKER = ("127.0.0.1", 1883)
 
-# The network's ahead-of-time package (streamcorr.aot) is built once per machine in a background process; a test
-# run would start that 30-s build beside timing-sensitive tests. Tests run the eager network (results agree within
+# The network's ahead-of-time package (streamcorr.estimate.aot) is built once per machine in a background process; a
+# test run would start that 30-s build beside timing-sensitive tests. Tests run the eager network (results agree within
 # 1e-5 nats); tests/test_aot.py builds and checks the package itself. Daemons started by tests inherit this.
 os.environ.setdefault("STREAMCORR_AOT", "0")
 

@@ -1,4 +1,4 @@
-"""The network's ahead-of-time package (streamcorr.aot): built once per machine in a background process while
+"""The network's ahead-of-time package (streamcorr.estimate.aot): built once per machine in a background process while
 the eager network serves, then loaded at every start; results equal the eager network's; failures and the
 off switch leave the eager network serving. One real build (about 30 s of CPU) serves the module."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamcorr.aot import AotForward
-from streamcorr.estimator import Estimator
+from streamcorr.estimate.aot import AotForward
+from streamcorr.estimate.estimator import Estimator
 
 if shutil.which("c++") is None and shutil.which("g++") is None:
     pytest.skip(
@@ -82,7 +82,7 @@ def test_a_failed_build_leaves_the_eager_network_and_says_why(built, cache, capl
     fwd.path.with_suffix(".lock").unlink(missing_ok=True)
     fwd.path.unlink(missing_ok=True)
     fwd.path.with_suffix(".failed").write_text("CalledProcessError: no C++ compiler\n")
-    with caplog.at_level(logging.WARNING, logger="streamcorr.aot"):
+    with caplog.at_level(logging.WARNING, logger="streamcorr.estimate.aot"):
         again = Estimator(weights="infonet-v1")
     assert again._forward.state == "failed" and "no C++ compiler" in caplog.text
     rng = np.random.default_rng(173)
@@ -100,7 +100,7 @@ def test_the_off_switch_and_explicit_settings(monkeypatch):
 
 def test_the_compile_command_reports_the_ready_package(built, capsys):
     """`streamcorr compile` finds this machine's package (built above) and says where it is, exit code 0."""
-    from streamcorr.cli import main
+    from streamcorr.cli.commands import main
 
     assert main(["compile"]) == 0
     out = capsys.readouterr().out
@@ -109,7 +109,7 @@ def test_the_compile_command_reports_the_ready_package(built, capsys):
 
 def test_a_package_from_another_model_source_is_not_loaded(monkeypatch):
     """The package key covers the network's source: after an upgrade changes model.py, the old package is not used."""
-    from streamcorr import aot
+    from streamcorr.estimate import aot
 
     before = aot.package_path("ab" * 32)
     monkeypatch.setattr(aot, "_model_source", lambda: "another model.py")

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamcorr.buffers import Resampler, RingBuffer
+from streamcorr.engine.buffers import Resampler, RingBuffer
 from streamcorr.errors import InputError
 
 samples = st.lists(

@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon
-from streamcorr.engine import Engine, EngineConfig
-from streamcorr.estimator import Estimator
+from streamcorr.daemon.service import Daemon
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.estimate.estimator import Estimator
 from tests.brokers import free_port
 
 RATE = 20.0

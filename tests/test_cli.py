@@ -3,7 +3,7 @@ import sys
 
 import numpy as np
 
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 
 
 def test_import_is_cheap():

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from streamcorr import __version__
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 from tests.brokers import free_port
 
 GOOD_SOURCE = {"type": "zmq", "endpoint": "tcp://127.0.0.1:1", "mode": "pull"}
@@ -156,7 +156,7 @@ def test_broken_pipe_exits_quietly(tmp_path):
     path = tmp_path / "d.csv"
     np.savetxt(path, rng.standard_normal((200, 6)), delimiter=",", header="a,b,c,d,e,f", comments="")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr.cli", "matrix", str(path), "--no-png"],
+        [sys.executable, "-m", "streamcorr", "matrix", str(path), "--no-png"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None

@@ -32,13 +32,13 @@ except ImportError:
         'ray is not installed (pip install -e ".[dev,ray]"): the Ray backend is untested', allow_module_level=True
     )
 
-from streamcorr.cli import main
-from streamcorr.compute_ray import RayEvaluator
+from streamcorr.cli.commands import main
+from streamcorr.compute.ray import RayEvaluator
 from streamcorr.config import Compute
-from streamcorr.copula import rank_transform
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 from streamcorr.errors import ConfigError
-from streamcorr.estimator import Estimator
+from streamcorr.estimate.copula import rank_transform
+from streamcorr.estimate.estimator import Estimator
 from tests.brokers import free_port, http_metrics, metric_sum
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -225,7 +225,7 @@ def test_daemon_sigterm_shuts_its_ray_down(tmp_path):
     path, log = tmp_path / "cfg.yaml", tmp_path / "daemon.log"
     path.write_text(yaml.safe_dump(cfg))
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streamcorr.cli", "run", str(path)], stdout=out, stderr=out,
+        proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)], stdout=out, stderr=out,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     try:
         deadline = time.monotonic() + 120

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 from streamcorr.config import load_config, parse_config
+from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError
-from streamcorr.settings import EngineConfig
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MINIMAL = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}

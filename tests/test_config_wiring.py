@@ -18,12 +18,12 @@ import torch
 from pydantic import BaseModel
 
 from streamcorr.config import Config, MqttSourceConfig, ZmqSourceConfig, parse_config
-from streamcorr.daemon import Daemon
-from streamcorr.engine import Engine
-from streamcorr.estimator import Estimator
+from streamcorr.daemon.parts import COMPUTE
+from streamcorr.daemon.service import Daemon
+from streamcorr.engine.core import Engine
+from streamcorr.engine.settings import EngineConfig
+from streamcorr.estimate.estimator import Estimator
 from streamcorr.logutil import RepeatLimitFilter, setup_logging
-from streamcorr.parts import COMPUTE
-from streamcorr.settings import EngineConfig
 
 TLS = {"ca_file": "/nonexistent/ca.pem", "cert_file": "/nonexistent/c.pem", "key_file": "/nonexistent/k.pem",
        "insecure": True}  # fmt: skip
@@ -107,7 +107,7 @@ class Parts:
         self.mqtt_src, self.zmq_src = (src for _, src in self.daemon.sources)
         outs = {g.name: g.sink for g in self.daemon.outputs}
         self.zmq_out, self.mqtt_out, self.record, self.web = outs["zmq"], outs["mqtt"], outs["record"], outs["web"]
-        from streamcorr.compute_ray import RayEvaluator
+        from streamcorr.compute.ray import RayEvaluator
 
         self.ray = RayEvaluator(self.cfg.compute, self.ec.estimator, hop_s=0.5)  # not started: its settings only
 
@@ -134,8 +134,8 @@ def _digest(est: Estimator) -> str:
 def _pair_gauges(p: Parts, why: str) -> int:
     """How many streamcorr_pair_mi series with label why= the daemon's config exports for a 10-channel snapshot
     whose pairs (mode list) name 8 pairs of it."""
-    from streamcorr.matrix import Snapshot
-    from streamcorr.observe import _pair_metrics
+    from streamcorr.daemon.observe import _pair_metrics
+    from streamcorr.engine.matrix import Snapshot
 
     names = tuple(f"c{k}" for k in range(10))
     listed = [[names[k], names[k + 1]] for k in range(8)]
@@ -244,7 +244,7 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         pr[f"sources.zmq.{key}"] = lambda p, k=key: getattr(p.zmq_src, k)
     pr["sources.mqtt.type"] = lambda p: type(p.mqtt_src).__name__
     pr["sources.zmq.type"] = lambda p: type(p.zmq_src).__name__
-    # read at scrape time by streamcorr.observe: count the pair gauges it exports for a 10-channel snapshot
+    # read at scrape time by streamcorr.daemon.observe: count the pair gauges it exports for a 10-channel snapshot
     pr["http.pair_metrics_top_k"] = lambda p: _pair_gauges(p, "top")
     pr["http.pair_metrics_listed"] = lambda p: _pair_gauges(p, "listed")
     return pr

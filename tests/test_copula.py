@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from streamcorr.copula import _radix_argsort, marginal_histograms, pair_histograms, rank_transform
 from streamcorr.errors import InputError
+from streamcorr.estimate.copula import _radix_argsort, marginal_histograms, pair_histograms, rank_transform
 
 from .naive import jittered_ranks, linear_binned_hist, midranks
 
@@ -72,7 +72,7 @@ def test_jitter_does_not_correlate_independent_quantised_series():
 
 def test_unknown_tie_policy_is_rejected():
     """A misspelt tie policy names the accepted ones."""
-    from streamcorr.copula import SlidingRanks
+    from streamcorr.estimate.copula import SlidingRanks
 
     with pytest.raises(InputError, match="'mid' or 'jitter'"):
         rank_transform([1.0, 2.0], ties="random")  # type: ignore[arg-type]
@@ -169,7 +169,7 @@ def test_large_batches_split_across_threads_match_reference():
 )
 def test_sliding_ranks_equal_full_reranking_on_every_hop(window_len, hops, seed, ties):
     """After every hop, incremental ranks equal rank_transform of the current window, ties included, per policy."""
-    from streamcorr.copula import SlidingRanks
+    from streamcorr.estimate.copula import SlidingRanks
 
     rng = np.random.default_rng(seed)
     sr = SlidingRanks(n_channels=3, window_len=window_len, ties=ties)
@@ -183,7 +183,7 @@ def test_sliding_ranks_equal_full_reranking_on_every_hop(window_len, hops, seed,
 
 def test_sliding_ranks_reject_nonfinite_and_wrong_shape():
     """Sliding ranks need finite samples and one row per channel."""
-    from streamcorr.copula import SlidingRanks
+    from streamcorr.estimate.copula import SlidingRanks
 
     sr = SlidingRanks(n_channels=2, window_len=8)
     with pytest.raises(InputError, match="NaN or inf"):

@@ -20,11 +20,11 @@ import yaml
 import zmq
 
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon
-from streamcorr.engine import Engine
+from streamcorr.daemon.service import Daemon
+from streamcorr.engine.core import Engine
+from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
-from streamcorr.settings import EngineConfig
 from tests.brokers import PrivateBroker, free_port, pearson_blind_rig
 
 RATE = 10.0
@@ -272,7 +272,7 @@ def test_run_command_serves_metrics_and_stops_cleanly_on_sigterm(mqtt_broker, tm
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr.cli", "run", str(path)], stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "streamcorr", "run", str(path)], stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         url = f"http://127.0.0.1:{http_port}"

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import yaml
 
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port
 
@@ -55,7 +55,7 @@ def _daemon(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str] | None = No
     path.write_text(yaml.safe_dump(cfg))
     log = (tmp_path / "daemon.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr.cli", "run", str(path)],
+        [sys.executable, "-m", "streamcorr", "run", str(path)],
         stderr=log, stdout=log, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )  # fmt: skip
     proc.log_path = tmp_path / "daemon.log"  # type: ignore[attr-defined]

@@ -4,18 +4,23 @@ only when it measures (issue 29: every start claimed a 16 s measurement while it
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
-import streamcorr.changes as changes
-import streamcorr.daemon as daemon_module
+import streamcorr.daemon.service as daemon_module
+import streamcorr.engine.changes as changes
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon
-from streamcorr.estimator import default_estimator
+from streamcorr.daemon.service import Daemon
+from streamcorr.estimate.estimator import default_estimator
 from tests.brokers import free_port
 
 
@@ -41,7 +46,7 @@ def test_calibration_origin_names_the_shipped_file_and_a_window_that_needs_measu
     est = default_estimator()
     assert changes.calibration_origin(est.fingerprint, 256) == "shipped"
     assert changes.calibration_origin(est.fingerprint, 100) == "measure"
-    with caplog.at_level(logging.INFO, logger="streamcorr.changes"):
+    with caplog.at_level(logging.INFO, logger="streamcorr.engine.changes"):
         changes.cached_calibration(est.fingerprint, est.estimate_batch, 256, est.ties)
     (line,) = [r.getMessage() for r in caplog.records if "null calibration" in r.getMessage()]
     assert "window.samples=256: shipped" in line and str(changes.SHIPPED_NULL_DIR) in line, line
@@ -95,3 +100,25 @@ def test_a_first_start_at_an_unshipped_window_says_measuring_and_then_measured(t
         asyncio.run(_start_and_stop(cfg, [], timeout_s=120))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "null calibration for window.samples=96: cached" in text and "measuring" not in text, text
+
+
+def test_the_process_exits_within_a_second_of_saying_stopped(tmp_path):
+    """`streamcorr run` stopped by SIGTERM logs "stopped" and the process is gone within a second."""
+    cfg = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:0", "bind": True}],
+           "channels": {"rate_hz": 50, "names": ["a", "b"]}, "window": {"samples": 128},
+           "http": {"port": 0}}  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if '"msg": "running:' in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        stopped = next(json.loads(line)["t"] for line in proc.stderr if '"msg": "stopped"' in line)
+        proc.wait(timeout=30)
+        assert time.time() - stopped < 1.0
+        assert proc.returncode == 0
+    finally:
+        proc.kill()

@@ -2,7 +2,7 @@
 
 import re
 
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 from streamcorr.demo.rig import Rig
 
 EVENT = re.compile(r"^event t=[\d.]+s .*?(rise|fall|became-dependent|became-independent) (\S+)~(\S+) ")

@@ -10,7 +10,7 @@ from rich.console import Console
 from streamcorr.demo import check_script, run_live_demo
 from streamcorr.demo.rig import CHANNELS, SLOW_CHANNELS, Rig
 from streamcorr.errors import ConfigError
-from streamcorr.estimator import default_estimator
+from streamcorr.estimate.estimator import default_estimator
 
 WINDOW = 512
 RATE = 50.0

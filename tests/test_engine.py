@@ -3,7 +3,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 RATE = 50.0
 
@@ -114,11 +114,25 @@ def test_bad_input_is_counted_not_fatal():
     assert last.mi[names.index("late_joiner"), ix] > 0.3
 
 
+def test_the_library_hops_as_a_config_file_does():
+    """EngineConfig without a hop evaluates once a second at any rate, as a config file without one does."""
+    from streamcorr.config import parse_config
+
+    for rate in (10.0, 50.0, 400.0):
+        from_file = EngineConfig.from_config(parse_config({"version": 1, "channels": {"rate_hz": rate}},
+                                                          need_sources=False))  # fmt: skip
+        assert EngineConfig(rate_hz=rate).hop_samples == from_file.hop_samples == round(rate)
+    assert EngineConfig(rate_hz=40.0, hop_s=0.25).hop_samples == 10
+
+
 def test_config_rejects_impossible_settings():
-    """Window shorter than the model minimum, zero hop or duplicate channels raise ConfigError."""
+    """Window shorter than the model minimum, a negative hop, both hop forms or duplicate channels raise
+    ConfigError."""
     from streamcorr.errors import ConfigError
 
-    for kw in ({"window_len": 16}, {"hop_samples": 0}, {"channels": ["a", "a"]}, {"min_coverage": 0}):
+    bad = ({"window_len": 16}, {"hop_samples": -1}, {"hop_s": 0.0}, {"hop_samples": 10, "hop_s": 0.1},
+           {"channels": ["a", "a"]}, {"min_coverage": 0})  # fmt: skip
+    for kw in bad:
         with pytest.raises(ConfigError):
             _config(**kw)
 

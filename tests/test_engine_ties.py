@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from streamcorr import Estimator
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
 
 RATE = 50.0
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamcorr.changes import ChangeEvent
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.matrix import Snapshot
 from streamcorr.publish import envelope
 from streamcorr.publish.envelope import (
     VERSION,

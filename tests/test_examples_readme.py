@@ -241,7 +241,7 @@ def _help(argv: list[str]) -> str:
 def _check_command(cmd: list[str], tmp_path: Path, missing: list[str]) -> None:
     """One command of a README shell block: checked as the module docstring says; tools not installed here are
     noted in ``missing``."""
-    from streamcorr.cli import _parser, main
+    from streamcorr.cli.commands import _parser, main
 
     prog, args = cmd[0], cmd[1:]
     if prog == "streamcorr":

@@ -17,7 +17,7 @@ import zmq
 from prometheus_client import generate_latest
 
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon
+from streamcorr.daemon.service import Daemon
 from tests.brokers import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -124,8 +124,8 @@ def test_the_dashboard_and_the_alert_rules_query_only_exported_names(metrics_tex
 
 def _labels(snap_dependent: np.ndarray | None, network_age_s: np.ndarray) -> dict[str, dict[tuple[str, ...], float]]:
     """{family: {(a, b, why): value}} of the pair gauges for 3 channels, pairs.pairs [[a, b], [b, c]], top 1."""
-    from streamcorr.matrix import Snapshot
-    from streamcorr.observe import _pair_metrics
+    from streamcorr.daemon.observe import _pair_metrics
+    from streamcorr.engine.matrix import Snapshot
 
     cfg = parse_config({
         "version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:1"}],

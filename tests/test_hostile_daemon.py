@@ -35,7 +35,7 @@ def _daemon(tmp_path: Path, cfg: dict[str, Any]) -> Iterator[subprocess.Popen[by
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     with (tmp_path / "daemon.log").open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamcorr.cli", "run", str(path)], stdout=log, stderr=log,
+        proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)], stdout=log, stderr=log,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
     try:
         yield proc

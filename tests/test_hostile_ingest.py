@@ -20,11 +20,11 @@ import zmq
 import zmq.asyncio
 
 from streamcorr.config import MqttConnection, parse_config
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, InputError
 from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import CACHE_BYTES, PayloadDecoder
 from streamcorr.ingest.zmq import ZmqSource
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import MAX_ENVELOPE_BYTES, decode_message, encode_snapshot
 from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.zmq_sink import ZmqPublisher
@@ -177,7 +177,7 @@ def test_a_flood_of_new_names_is_capped_and_the_configured_pair_is_still_evaluat
 
     async def main() -> None:
         async with eng:
-            with caplog.at_level(logging.INFO, logger="streamcorr.engine"):
+            with caplog.at_level(logging.INFO, logger="streamcorr.engine.core"):
                 for k in range(1000):
                     eng.push(f"flood{k}", now - 10.0, 1.0)
             eng.push_frame(t, {"a": x, "b": x + 0.1 * rng.standard_normal(100)})
@@ -186,7 +186,7 @@ def test_a_flood_of_new_names_is_capped_and_the_configured_pair_is_still_evaluat
     asyncio.run(main())
     assert len(eng.channels) == 256 and eng.channels[:2] == ["a", "b"]
     assert eng.sample_drops()["channel_limit"] == 1000 - 254
-    lines = [r.getMessage() for r in caplog.records if r.name == "streamcorr.engine"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "streamcorr.engine.core"]
     named = [m for m in lines if m.startswith("new channel")]
     # each new name is a fact of its own, but a flood gets one burst of lines (the rest summarised), not 1,000
     assert 1 <= len(named) <= 20 and len(lines) - len(named) <= 4, lines

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamcorr.cli import main
-from streamcorr.ingest.logs import ReadLimits, open_log
+from streamcorr.cli.commands import main
+from streamcorr.offline.logs import ReadLimits, open_log
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -40,7 +40,7 @@ def _cli(argv: list[str], timeout_s: float) -> tuple[int, str, float, float]:
                "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
                "sys.stderr.write(p.stdout + p.stderr)\n")  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "streamcorr.cli", *argv],
+    proc = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "streamcorr", *argv],
                           capture_output=True, text=True, timeout=timeout_s)  # fmt: skip
     rc, rss_kib = proc.stdout.split()[:2]
     return int(rc), proc.stderr, int(rss_kib) / 1024, time.monotonic() - t0

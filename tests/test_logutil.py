@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from streamcorr.engine import EngineConfig, EngineCounters
-from streamcorr.intake import Intake
+from streamcorr.engine.core import EngineConfig, EngineCounters
+from streamcorr.engine.intake import Intake
 from streamcorr.logutil import RateLimitedLog, RepeatLimitFilter
 
 

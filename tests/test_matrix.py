@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import InputError
-from streamcorr.matrix import Snapshot
 
 
 def _snapshot(mi: np.ndarray) -> Snapshot:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamcorr.model import InfoNet, InfoNetConfig, dv_readout, input_features, log_mean_exp, unrolled_mlp
+from streamcorr.estimate.model import InfoNet, InfoNetConfig, dv_readout, input_features, log_mean_exp, unrolled_mlp
 
 from .naive import bilinear, linear_binned_hist
 

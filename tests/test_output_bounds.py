@@ -22,8 +22,8 @@ import zmq.asyncio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamcorr.changes import ChangeEvent
-from streamcorr.matrix import Snapshot
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.publish.envelope import decode_message, encode_snapshot
 from streamcorr.publish.web import WebView
 from streamcorr.publish.zmq_sink import HOUSEKEEPING_S, ZmqPublisher
@@ -153,7 +153,7 @@ def test_zmq_drops_and_queued_bytes_are_on_the_daemons_metrics() -> None:
     """The daemon's /metrics shows a stuck subscriber's drops as streamcorr_output_dropped{output="zmq"} and the
     bytes libzmq holds, the subscriptions and the high-water mark as streamcorr_zmq_* gauges."""
     from streamcorr.config import parse_config
-    from streamcorr.daemon import Daemon  # here: the publisher processes import this module, and need no torch
+    from streamcorr.daemon.service import Daemon  # here: the publisher processes import this module, and need no torch
 
     cfg = parse_config({
         "version": 1,

@@ -200,7 +200,7 @@ def test_a_real_prometheus_fires_dependence_gained_when_a_listed_pair_becomes_de
                 out.setdefault((lb["a"], lb["b"]), set()).add(lb["alertname"])
         return out
 
-    daemon_argv = [sys.executable, "-m", "streamcorr.cli", "run", str(tmp_path / "daemon.yaml")]
+    daemon_argv = [sys.executable, "-m", "streamcorr", "run", str(tmp_path / "daemon.yaml")]
     prom_argv = [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{prom_port}"]  # fmt: skip
     try:

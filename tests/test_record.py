@@ -19,9 +19,9 @@ import pytest
 import yaml
 import zmq
 
-from streamcorr.changes import ChangeEvent
-from streamcorr.cli import main
-from streamcorr.matrix import MatrixState
+from streamcorr.cli.commands import main
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import MatrixState
 from streamcorr.publish.record import ParquetRecorder
 from tests.brokers import free_port
 
@@ -99,7 +99,7 @@ def test_sigkill_leaves_every_parquet_file_readable(tmp_path):
     }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "streamcorr.cli", "run", str(path)],
+    proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(f"tcp://127.0.0.1:{p_in}")

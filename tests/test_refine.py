@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from streamcorr import Estimator
 from streamcorr.config import EstimatorConfig
-from streamcorr.copula import quantile_slabs
+from streamcorr.engine.settings import estimator_kwargs
 from streamcorr.errors import InputError
-from streamcorr.settings import estimator_kwargs
+from streamcorr.estimate.copula import quantile_slabs
 from training.tasks import uniform_noise_mi
 
 from . import naive
@@ -103,7 +103,7 @@ def test_engine_publishes_the_refined_estimate(est, table_only):
     Estimator.matrix on the same window and above the table's own estimate."""
     import asyncio
 
-    from streamcorr.engine import Engine, EngineConfig
+    from streamcorr.engine.core import Engine, EngineConfig
 
     async def run() -> Engine:
         cfg = EngineConfig(channels=["x", "y", "z"], rate_hz=50.0, window_len=512, hop_samples=128,
@@ -131,8 +131,8 @@ def test_engine_publishes_the_refined_estimate(est, table_only):
 def test_the_cut_follows_the_informative_axis_and_is_symmetric(est, table_only):
     """On a non-monotone band the slabs of y carry more of the dependence than those of x, so y is cut, and
     swapping the arguments of a fully refined pair gives the same estimate."""
-    from streamcorr.copula import rank_transform
-    from streamcorr.refine import slab_information
+    from streamcorr.estimate.copula import rank_transform
+    from streamcorr.estimate.refine import slab_information
 
     rng = np.random.default_rng(75)
     x = rng.uniform(size=2000)

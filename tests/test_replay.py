@@ -17,9 +17,9 @@ import pytest
 import yaml
 import zmq
 
-from streamcorr.cli import main
+from streamcorr.cli.commands import main
 from streamcorr.config import parse_config
-from streamcorr.daemon import Daemon
+from streamcorr.daemon.service import Daemon
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import free_port, pearson_blind_rig
 from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
@@ -211,7 +211,7 @@ def _ros2_bag(path: Path, seconds: float, rate: float, seed: int) -> None:
 def test_ros2_bag_replays_end_to_end_and_its_mcap_reads_the_same(tmp_path):
     """A ROS 2 bag (rosbags' writer, MCAP storage) replays through rosbags; its .mcap file read directly (ROS 2
     CDR through mcap-ros2-support) gives the same channels and samples."""
-    from streamcorr.ingest.logs import open_log
+    from streamcorr.offline.logs import open_log
 
     bag = tmp_path / "bag"
     _ros2_bag(bag, seconds=30, rate=20, seed=5)
@@ -263,8 +263,8 @@ def test_ros1_bag_replays_end_to_end(tmp_path):
 def test_history_writes_the_verdict_n_eff_and_initial(tmp_path):
     """The timeline has each pair's dependent (null where the snapshot does not know it) and n_eff (NaN:
     none yet); events.parquet and events.jsonl carry initial."""
-    from streamcorr.changes import ChangeEvent
-    from streamcorr.matrix import MatrixState
+    from streamcorr.engine.changes import ChangeEvent
+    from streamcorr.engine.matrix import MatrixState
     from streamcorr.publish.history import TIMELINE_COLUMNS, HistoryWriter
 
     rng = np.random.default_rng(31)
@@ -295,8 +295,8 @@ def test_history_writes_the_verdict_n_eff_and_initial(tmp_path):
 
 def _judged_history(outdir: Path, rng: np.random.Generator, hops: int = 6) -> None:
     """A replay-shaped directory: x ~ y dependent from the start (an initial event), x ~ z never significant."""
-    from streamcorr.changes import ChangeEvent
-    from streamcorr.matrix import MatrixState
+    from streamcorr.engine.changes import ChangeEvent
+    from streamcorr.engine.matrix import MatrixState
     from streamcorr.publish.history import HistoryWriter
 
     state = MatrixState(["x", "y", "z"])
@@ -319,7 +319,7 @@ def test_report_hatches_cells_not_significant_and_marks_initial_events(tmp_path)
     tooltips and each line's share of dependent hops, and marks an initial event as initial (hollow marker)."""
     import html as html_mod
 
-    from streamcorr.report import write_report
+    from streamcorr.offline.report import write_report
 
     _judged_history(tmp_path / "out", np.random.default_rng(32))
     write_report(tmp_path / "out", tmp_path / "r.html", at=[6.0])
@@ -339,7 +339,7 @@ def test_report_of_output_without_the_verdict_draws_no_significance_marks(tmp_pa
     """Replay output written without dependent / n_eff / initial (an older streamcorr) still reports, plainly."""
     import pyarrow as pa
 
-    from streamcorr.report import write_report
+    from streamcorr.offline.report import write_report
 
     out = tmp_path / "out"
     _judged_history(out, np.random.default_rng(33))
@@ -371,7 +371,7 @@ def test_long_parquet_log_replays_like_the_wide_csv(tmp_path):
 
 def test_ctrl_c_stops_cleanly_with_what_was_done_written(tmp_path, monkeypatch, capsys):
     """A KeyboardInterrupt part way returns 130 and leaves timeline and events readable up to the last hop done."""
-    from streamcorr.engine import Engine
+    from streamcorr.engine.core import Engine
 
     t, v = pearson_blind_rig(30, seed=7)
     log = tmp_path / "log.csv"
@@ -499,7 +499,7 @@ def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path):
     np.savetxt(log, np.vstack([np.arange(n) / 100, v]).T, delimiter=",", header="t,a,b,c", comments="", fmt="%.9g")
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr.cli", "replay", str(log), "--rate-hz", "100", "--window", "256",
+        [sys.executable, "-m", "streamcorr", "replay", str(log), "--rate-hz", "100", "--window", "256",
          "--hop", "10", "--no-progress", "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamcorr.report import time_ticks, write_report
+from streamcorr.offline.report import time_ticks, write_report
 from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
 
 HOSTILE = "<img src=x onerror=alert(1)>&'\""  # a channel name that must stay text

@@ -3,11 +3,11 @@ import math
 import numpy as np
 import pytest
 
-from streamcorr.changes import ChangeDetector
+from streamcorr.engine.changes import ChangeDetector
+from streamcorr.engine.matrix import MatrixState
+from streamcorr.engine.scheduler import PairSelection, Scheduler
 from streamcorr.errors import ConfigError
-from streamcorr.matrix import MatrixState
-from streamcorr.scheduler import PairSelection, Scheduler
-from streamcorr.significance import NullTable
+from streamcorr.estimate.significance import NullTable
 
 CH = ["a", "b", "c", "d"]
 

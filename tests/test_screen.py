@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamcorr.copula import rank_transform
-from streamcorr.engine import Engine, EngineConfig
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.engine.matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, MatrixState
+from streamcorr.engine.scheduler import PairSelection, Scheduler
+from streamcorr.engine.screen import ScreenCalibration, Screener, pair_statistic, screen_mi, screen_statistic
 from streamcorr.errors import ConfigError
-from streamcorr.matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, MatrixState
+from streamcorr.estimate.copula import rank_transform
 from streamcorr.publish.envelope import decode_message, encode_snapshot
-from streamcorr.scheduler import PairSelection, Scheduler
-from streamcorr.screen import ScreenCalibration, Screener, pair_statistic, screen_mi, screen_statistic
 
 from . import naive
 

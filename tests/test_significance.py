@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy.signal import lfilter
 
-from streamcorr.changes import ChangeDetector, cached_calibration
-from streamcorr.engine import Engine, EngineConfig
-from streamcorr.estimator import default_estimator
-from streamcorr.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
-from streamcorr.surrogates import SurrogateNulls, normal_weight
+from streamcorr.engine.changes import ChangeDetector, cached_calibration
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.estimate.estimator import default_estimator
+from streamcorr.estimate.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
+from streamcorr.estimate.surrogates import SurrogateNulls, normal_weight
 
 T0 = 1_732_700_000.0  # a Unix time, so float seconds carry the rounding real logs have
 
@@ -171,7 +171,7 @@ def test_a_smooth_dependent_pair_is_flagged_and_a_smooth_independent_one_is_not(
 def test_prewhitening_reads_the_dependence_of_innovations():
     """With prewhiten='ar', two independent smooth series read near zero, and two smooth series driven by the
     same innovations (each through its own filter) read clearly dependent."""
-    from streamcorr.estimator import Estimator
+    from streamcorr.estimate.estimator import Estimator
 
     rng = np.random.default_rng(41)
     est, plain = Estimator(prewhiten="ar"), default_estimator()

@@ -21,10 +21,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.config import MqttConnection, Tls
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, decode_message
 from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
 from streamcorr.publish.sinks import Sink, SinkCounters, engine_counters

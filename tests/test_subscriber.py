@@ -11,10 +11,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.config import MqttConnection
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, StreamcorrError, SubscriberTimeout
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.envelope import Status, encode_event, encode_status
 from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.sinks import forward
@@ -257,7 +257,7 @@ def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops():
 @pytest.mark.slow  # the Engine's null calibration (2,000 windows): 8-32 s measured on the shared 2-core machine
 def test_engine_to_zmq_sink_to_subscriber_gives_the_engines_own_snapshots():
     """A tiny real Engine, forwarded to a ZmqPublisher, reaches the Subscriber with the engine's values."""
-    from streamcorr.engine import Engine, EngineConfig
+    from streamcorr.engine.core import Engine, EngineConfig
 
     rng = np.random.default_rng(27)
     n = 400

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from streamcorr.copula import marginal_histograms, pair_histograms, rank_transform
 from streamcorr.errors import InputError
-from streamcorr.estimator import Estimator
-from streamcorr.tensor_path import TensorPath, bin_weights
+from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.estimate.estimator import Estimator
+from streamcorr.estimate.tensor_path import TensorPath, bin_weights
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from streamcorr.changes import ChangeEvent
 from streamcorr.demo.terminal import NAN_CELL, TerminalView, compact_line, render, short_labels
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError
-from streamcorr.matrix import Snapshot
 
 
 def _snapshot(rng: np.random.Generator, names: list[str], seq: int = 7, t_s: float = 61.2) -> Snapshot:

@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from streamcorr import Estimator
-from streamcorr.model import InfoNet, InfoNetConfig
+from streamcorr.estimate.model import InfoNet, InfoNetConfig
 from training.data import DataConfig, make_batch
 from training.mixtures import GaussianMixture, gaussian_mi, mc_mutual_information, random_mixture
 from training.train import _grow
@@ -155,7 +155,7 @@ def test_symmetries_of_the_square_are_exact_for_histograms():
     """Transposing and reflecting an item's histograms equals the histograms of the swapped, negated data."""
     import torch
 
-    from streamcorr.copula import pair_histograms
+    from streamcorr.estimate.copula import pair_histograms
     from training.data import window_histograms
     from training.tasks import Quantiser, quantised_draw
     from training.train import symmetrise
@@ -187,8 +187,8 @@ def test_shipped_null_calibrations_are_reproduced_and_stale_ones_removed(tmp_pat
     longer shipped."""
     import json
 
-    from streamcorr.changes import SHIPPED_NULL_DIR
-    from streamcorr.significance import NullTable
+    from streamcorr.engine.changes import SHIPPED_NULL_DIR
+    from streamcorr.estimate.significance import NullTable
     from training.null_calibrations import write_calibrations
 
     stale = tmp_path / "nulltable-0123456789abcdef-cpu-jitter-256.json"

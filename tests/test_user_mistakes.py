@@ -10,11 +10,11 @@ from pathlib import Path
 
 import yaml
 
-from streamcorr.changes import calibration_eta_s
 from streamcorr.config import parse_config
 from streamcorr.demo import RecentRate
+from streamcorr.engine.changes import calibration_eta_s
+from streamcorr.engine.settings import EngineConfig
 from streamcorr.ingest.payload import PayloadDecoder
-from streamcorr.settings import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FEED = re.compile(r"#\s+(mosquitto_pub .+?)\s+->\s+(.+)$")
@@ -80,9 +80,9 @@ def test_readme_subscriber_snippet_waits_longer_than_a_cold_first_snapshot():
 def test_common_windows_start_without_measuring_a_calibration(tmp_path, monkeypatch):
     """The null calibrations shipped for windows 256-2048 match the shipped weights (v1 and v2), and a first start
     with an empty cache takes them instead of measuring (nothing is written to the cache)."""
-    from streamcorr import changes
-    from streamcorr.estimator import Estimator
-    from streamcorr.weights import SHIPPED_WEIGHTS
+    from streamcorr.engine import changes
+    from streamcorr.estimate.estimator import Estimator
+    from streamcorr.estimate.weights import SHIPPED_WEIGHTS
 
     shipped = sorted(changes.SHIPPED_NULL_DIR.glob("*.json"))
     fingerprints = {Estimator(name, device="cpu").fingerprint for name in SHIPPED_WEIGHTS}

@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from scipy.stats import norm
 
-from streamcorr.changes import ChangeEvent
+from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, InputError
-from streamcorr.matrix import Snapshot
 from streamcorr.publish.sinks import Sink
 from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
 

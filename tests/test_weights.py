@@ -5,9 +5,9 @@ import pytest
 
 from streamcorr import Estimator
 from streamcorr.config import parse_config
+from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError, ModelLoadError
-from streamcorr.settings import EngineConfig
-from streamcorr.weights import DEFAULT_TIES, DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS, weights_path
+from streamcorr.estimate.weights import DEFAULT_TIES, DEFAULT_WEIGHTS_NAME, SHIPPED_WEIGHTS, weights_path
 
 BASE = {"version": 1, "sources": [{"type": "zmq", "endpoint": "tcp://127.0.0.1:5555"}]}
 

@@ -2,7 +2,7 @@
 
 Each item is summarised exactly as the estimator sees it at run time (the
 linear-binned histogram of the window's copula values under the configured tie
-policy, via streamcorr.copula), plus the histogram of fresh samples of the same
+policy, via streamcorr.estimate.copula), plus the histogram of fresh samples of the same
 distribution at their exact copula coordinates (true marginal CDFs; for a
 quantised axis the CDF of the jittered variable, see training/tasks.py), on
 which the DV objective is computed, and a ground-truth MI (exact, or Monte
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streamcorr.copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
+from streamcorr.estimate.copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
 
 from .tasks import TaskMix, sample_task
 

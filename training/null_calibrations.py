@@ -2,10 +2,10 @@
 
     python -m training.null_calibrations [--windows 256 512 1024 2048] [--pairs 8000] [--out DIR]
 
-For each shipped weights name (streamcorr.weights.SHIPPED_WEIGHTS) and window, on the CPU with the weights'
+For each shipped weights name (streamcorr.estimate.weights.SHIPPED_WEIGHTS) and window, on the CPU with the weights'
 tie policy: MI estimates of independent pairs of white, autoregressive, oscillating, band-limited,
 near-random-walk, quantised and held signals, tabulated by the pairs' effective sample size
-(streamcorr.significance.NullTable.measure), written under the name the engine's cache looks for. Files of
+(streamcorr.estimate.significance.NullTable.measure), written under the name the engine's cache looks for. Files of
 fingerprints no shipped model has any more (replaced weights) are removed, so the folder always matches the
 weights (tests/test_user_mistakes.py checks it). Run it after replacing a shipped model: about 1 min per
 1,000 pairs at window 2048 on 2 CPU cores.
@@ -17,10 +17,10 @@ import argparse
 import time
 from pathlib import Path
 
-from streamcorr.changes import SHIPPED_NULL_DIR, calibration_file_name
-from streamcorr.estimator import Estimator
-from streamcorr.significance import NullTable
-from streamcorr.weights import SHIPPED_WEIGHTS
+from streamcorr.engine.changes import SHIPPED_NULL_DIR, calibration_file_name
+from streamcorr.estimate.estimator import Estimator
+from streamcorr.estimate.significance import NullTable
+from streamcorr.estimate.weights import SHIPPED_WEIGHTS
 
 
 def write_calibrations(names: list[str], windows: list[int], out: Path, n_pairs: int) -> list[Path]:

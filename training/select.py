@@ -134,7 +134,7 @@ def _average(paths: list[str], dest: Path) -> str:
     """Element-wise mean of several weights files of one architecture, saved with the first one's metadata."""
     import torch
 
-    from streamcorr.weights import load_model, save_weights
+    from streamcorr.estimate.weights import load_model, save_weights
 
     loaded = [load_model(p) for p in paths]
     model, meta = loaded[0]

@@ -18,7 +18,7 @@ Families (each a function ``(rng, t, n_fresh, ...) -> Draw``):
   normal rectangles via Owen's T); one axis, Monte Carlo of
   log p(q, y) - log P(q) - log p(y) with exact conditional CDFs of the mixture.
   Fresh copula coordinates of a quantised axis are drawn the way the "jitter"
-  tie policy (streamcorr.copula) ranks: u = P(Q < q) + V P(Q = q), V uniform,
+  tie policy (streamcorr.estimate.copula) ranks: u = P(Q < q) + V P(Q = q), V uniform,
   the exact copula of the jittered variable, whose MI equals that of Q.
 - ``bounded_noise_draw``: x ~ U(0, 1), y = f(x) + U(-w, w) for f in
   ``NOISE_FUNCTIONS`` (axes swapped at random); MI = h(Y) - log(2w) with h(Y)

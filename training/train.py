@@ -18,7 +18,7 @@ schedule follows wall-clock progress and the run stops in time, counting
 start-up after imports (a few seconds). ``symmetrise`` applies a random exact
 symmetry of the square to each item; ``max_reuse`` > 1 lets a fast device take
 another step on the last batch (under a new symmetry) while the workers catch up.
-Imports streamcorr.model / .weights / .copula only (no pydantic).
+Imports streamcorr.estimate.model / .weights / .copula only (no pydantic).
 git ignores a run's weights and checkpoint (training/runs/*/*.safetensors, checkpoint.pt); to ship weights,
 copy them to models/<name>.safetensors and link streamcorr/data/<name>.safetensors to that file.
 
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 import yaml
 
-from streamcorr.model import InfoNet, InfoNetConfig, dv_readout, log_mean_exp
-from streamcorr.weights import load_model, save_weights
+from streamcorr.estimate.model import InfoNet, InfoNetConfig, dv_readout, log_mean_exp
+from streamcorr.estimate.weights import load_model, save_weights
 
 from .data import DataConfig, make_batch
 from .validation import validation_set

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamcorr.copula import Ties
+from streamcorr.estimate.copula import Ties
 
 from .data import window_histograms
 from .tasks import (

@@ -25,9 +25,9 @@ from .terminal import TerminalView, compact_line, render
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..changes import ChangeEvent, EventKind
-    from ..engine import Engine, EngineConfig
-    from ..matrix import Snapshot
+    from ..engine.changes import ChangeEvent, EventKind
+    from ..engine.core import Engine, EngineConfig
+    from ..engine.matrix import Snapshot
     from ..publish.sinks import Publisher
 
 __all__ = [
@@ -54,7 +54,7 @@ DEMO_DELTA = 0.5
 
 def demo_config(rig: Rig, **overrides: Any) -> EngineConfig:
     """Engine settings for the rig: 512-sample windows (~10 s at 50 Hz), a hop of 50 samples, every pair."""
-    from ..engine import EngineConfig
+    from ..engine.core import EngineConfig
 
     base: dict[str, Any] = dict(
         channels=list(rig.channels),
@@ -135,8 +135,8 @@ def check_script(
 
     duration_s defaults to the last scripted change plus 40 s at script_scale=1.
     """
-    from ..engine import Engine
-    from ..estimator import default_estimator
+    from ..engine.core import Engine
+    from ..estimate.estimator import default_estimator
 
     rig = Rig(seed, script_scale=script_scale)
     duration = duration_s if duration_s is not None else rig.script[-1].t_s + 40.0 * script_scale
@@ -325,8 +325,8 @@ async def run_live_demo(
     duration_s defaults to the script plus 40 s (scaled). With web_port (0 picks a free one) the live web view
     is served too. Events are appended to `record` if given. Ctrl-C (task cancellation) stops it cleanly.
     """
-    from ..engine import Engine
-    from ..estimator import default_estimator
+    from ..engine.core import Engine
+    from ..estimate.estimator import default_estimator
     from ..publish.sinks import forward
 
     if not speed > 0:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..changes import EventKind
+from ..engine.changes import EventKind
 from ..errors import ConfigError
 
 __all__ = ["CHANNELS", "SLOW_CHANNELS", "Pair", "Rig", "ScriptedChange", "TimedFrame"]

@@ -27,9 +27,9 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from ..changes import ChangeEvent
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError
-from ..matrix import Snapshot
 
 __all__ = ["TerminalView", "compact_line", "mi_colour", "render", "short_labels"]
 

@@ -88,9 +88,9 @@ from typing import Any, Literal, get_args
 import msgpack
 import numpy as np
 
-from ..changes import ChangeEvent, EventKind
+from ..engine.changes import ChangeEvent, EventKind
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError, InputError
-from ..matrix import Snapshot
 
 __all__ = ["MAX_ENVELOPE_BYTES", "STREAMS", "VERSION", "EnvelopeError", "Message", "Status", "check_event",
            "check_pair_selection", "check_snapshot", "decode", "decode_message", "encode_event", "encode_snapshot",

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..changes import ChangeEvent
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, Snapshot
 from ..errors import InputError
-from ..matrix import SOURCE_NETWORK, SOURCE_NONE, SOURCE_SCREEN, Snapshot
 
 __all__ = ["EVENT_COLUMNS", "TIMELINE_COLUMNS", "HistoryWriter"]
 
@@ -117,7 +117,7 @@ class HistoryWriter:
     """Appends snapshots and events to ``outdir``'s timeline and event files.
 
     >>> import tempfile
-    >>> from streamcorr.matrix import MatrixState
+    >>> from streamcorr.engine.matrix import MatrixState
     >>> st = MatrixState(["x", "y"]); st.update(np.array([0]), np.array([1]), np.array([0.5]), np.array([1.0]), 10**9)
     >>> with tempfile.TemporaryDirectory() as d:
     ...     with HistoryWriter(d) as w:

@@ -29,11 +29,11 @@ from collections.abc import Mapping
 
 import aiomqtt
 
-from ..changes import ChangeEvent
 from ..config import MqttConnection
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError, StreamcorrError
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 from ..transport.mqtt import check_settings, check_tls, keep_connected, make_client
 from .envelope import (
     check_event,

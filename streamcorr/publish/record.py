@@ -21,7 +21,7 @@ Contract:
   snapshot) is skipped.
 
 >>> import tempfile, asyncio
->>> from streamcorr.matrix import MatrixState
+>>> from streamcorr.engine.matrix import MatrixState
 >>> st = MatrixState(["x", "y"]); st.update(np.array([0]), np.array([1]), np.array([0.5]), np.array([1.0]), 10**9)
 >>> with tempfile.TemporaryDirectory() as d:
 ...     rec = ParquetRecorder(directory=d)
@@ -50,10 +50,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..changes import ChangeEvent
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 from .history import EVENT_COLUMNS, TIMELINE_COLUMNS, _pa, event_row, event_schema, snapshot_rows, timeline_schema
 from .sinks import SinkCounters
 

@@ -23,38 +23,31 @@ import dataclasses
 import functools
 import logging
 import math
-import numbers
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .._lazy import lazy_getattr
-from ..changes import ChangeEvent
+from ..counters import flat_counters
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import StreamcorrError
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from .mqtt_sink import MqttPublisher
-    from .zmq_sink import ZmqPublisher
+    from ..engine.core import Engine
 
 __all__ = [
-    "MqttPublisher",
     "Publisher",
     "Sink",
     "SinkCounters",
-    "ZmqPublisher",
+    "SinkGuard",
     "engine_counters",
     "forward",
     "return_free_memory",
 ]
 
 log = logging.getLogger("streamcorr.publish")
-
-# the transports import this module, so they are re-exported lazily rather than imported at the top
-__getattr__ = lazy_getattr(__name__, __package__, {"ZmqPublisher": "zmq_sink", "MqttPublisher": "mqtt_sink"})
 
 
 class Publisher(Protocol):
@@ -154,14 +147,7 @@ def return_free_memory() -> bool:
 
 def engine_counters(engine: Engine) -> dict[str, int | float]:
     """The engine's numeric counters, flat (``stage_s`` entries as ``stage_s.<stage>``), for status messages."""
-    out: dict[str, int | float] = {}
-    for f in dataclasses.fields(engine.counters):
-        value = getattr(engine.counters, f.name)
-        if isinstance(value, Mapping):
-            out.update({f"{f.name}.{k}": float(v) for k, v in value.items() if isinstance(v, numbers.Real)})
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            out[f.name] = int(value) if isinstance(value, numbers.Integral) else float(value)
-    return out
+    return flat_counters(engine.counters)
 
 
 async def forward(
@@ -216,3 +202,36 @@ async def forward(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+class SinkGuard:
+    """Wraps one output for `forward`: counts what it raised per stream, so a failing output is visible in
+    /metrics, the status counters and /healthz, and re-raises for `forward` to log (rate-limited)."""
+
+    def __init__(self, name: str, sink: Sink) -> None:
+        self.name, self.sink = name, sink
+        self.errors: dict[str, int] = {"snapshot": 0, "event": 0, "status": 0}
+        self.last_snapshot_failed = False
+
+    async def publish_snapshot(self, snap: Snapshot) -> None:
+        try:
+            await self.sink.publish_snapshot(snap)
+        except Exception:
+            self.errors["snapshot"] += 1
+            self.last_snapshot_failed = True
+            raise
+        self.last_snapshot_failed = False
+
+    async def publish_event(self, ev: ChangeEvent) -> None:
+        try:
+            await self.sink.publish_event(ev)
+        except Exception:
+            self.errors["event"] += 1
+            raise
+
+    async def publish_status(self, state: str, counters: Mapping[str, float | int]) -> None:
+        try:
+            await self.sink.publish_status(state, counters)
+        except Exception:
+            self.errors["status"] += 1
+            raise

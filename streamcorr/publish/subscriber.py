@@ -40,18 +40,17 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import zmq.asyncio
 
-from ..changes import ChangeEvent
 from ..config import MqttConnection
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError, StreamcorrError, SubscriberTimeout
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 from .envelope import STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
-from .subscriber_receive import parse_url, receive_mqtt, receive_zmq
+from .subscriber_receive import SubscriberCounters, parse_url, receive_mqtt, receive_zmq
 
 __all__ = ["Subscriber", "SubscriberCounters"]
 
@@ -60,27 +59,6 @@ log = logging.getLogger("streamcorr.subscriber")
 _CLOSED = object()  # queue sentinel: the subscriber was closed, iterators end
 _OUTBOX = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
 _KIND = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
-
-
-def _per_stream() -> dict[str, int]:
-    return dict.fromkeys(STREAMS, 0)
-
-
-@dataclass
-class SubscriberCounters:
-    """What the subscriber received, skipped and lost, per stream where it matters."""
-
-    received: dict[str, int] = field(default_factory=_per_stream)
-    gaps: dict[str, int] = field(default_factory=_per_stream)  # seq numbers never seen: lost in transit
-    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("snapshot", "event", "status"), 0))
-    duplicates: int = 0  # retained or cached messages already seen
-    restarts: int = 0  # seq went back: the publisher restarted
-    bad: int = 0  # payloads that are not valid envelopes, or of the wrong kind for their topic
-    connects: int = 0  # MQTT
-    disconnects: int = 0  # MQTT
-    connect_failures: int = 0  # MQTT
-    late_joins: int = 0  # ZeroMQ: answers from the last-value cache
-    late_join_failures: int = 0  # ZeroMQ: the cache did not answer in time
 
 
 class Subscriber:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 from urllib.parse import SplitResult, urlsplit
 
 import aiomqtt
@@ -28,14 +29,32 @@ from ..errors import ConfigError
 from ..logutil import RateLimitedLog
 from ..transport.mqtt import check_settings, keep_connected, make_client
 from ..transport.zmq import attach, make_socket
-from .envelope import MAX_ENVELOPE_BYTES
+from .envelope import MAX_ENVELOPE_BYTES, STREAMS
 
-if TYPE_CHECKING:
-    from .subscriber import SubscriberCounters
-
-__all__ = ["Handle", "parse_url", "receive_mqtt", "receive_zmq"]
+__all__ = ["Handle", "SubscriberCounters", "parse_url", "receive_mqtt", "receive_zmq"]
 
 log = logging.getLogger("streamcorr.subscriber")
+
+
+def _per_stream() -> dict[str, int]:
+    return dict.fromkeys(STREAMS, 0)
+
+
+@dataclass
+class SubscriberCounters:
+    """What the subscriber received, skipped and lost, per stream where it matters."""
+
+    received: dict[str, int] = field(default_factory=_per_stream)
+    gaps: dict[str, int] = field(default_factory=_per_stream)  # seq numbers never seen: lost in transit
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("snapshot", "event", "status"), 0))
+    duplicates: int = 0  # retained or cached messages already seen
+    restarts: int = 0  # seq went back: the publisher restarted
+    bad: int = 0  # payloads that are not valid envelopes, or of the wrong kind for their topic
+    connects: int = 0  # MQTT
+    disconnects: int = 0  # MQTT
+    connect_failures: int = 0  # MQTT
+    late_joins: int = 0  # ZeroMQ: answers from the last-value cache
+    late_join_failures: int = 0  # ZeroMQ: the cache did not answer in time
 
 
 class Handle(Protocol):

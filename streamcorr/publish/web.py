@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 from aiohttp import WSMsgType, web
 
-from ..changes import ChangeEvent
 from ..config import Http
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 from .outbox import EVENT_QUEUE_LEN, Outbox
 from .sinks import SinkCounters, return_free_memory
 
@@ -291,7 +291,7 @@ class WebView:
         if self._attached:
             self._state = "serving"
             return
-        from ..http_guard import HttpGuard  # the daemon's bounds: connections, and time to send headers
+        from ..transport.http import HttpGuard  # the daemon's bounds: connections, and time to send headers
 
         self._guard = HttpGuard(max_connections=4 * self.max_clients + 16, header_timeout_s=self.header_timeout_s)
         app = web.Application(middlewares=[self._guard.middleware])

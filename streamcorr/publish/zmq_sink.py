@@ -55,11 +55,11 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from ..changes import ChangeEvent
 from ..config import ZmqOutput
+from ..engine.changes import ChangeEvent
+from ..engine.matrix import Snapshot
 from ..errors import ConfigError, InputError
 from ..logutil import RateLimitedLog
-from ..matrix import Snapshot
 from ..transport.zmq import attach, check_endpoint, make_socket, make_sync_socket
 from .envelope import check_pair_selection, check_prefix, encode_event, encode_snapshot, encode_status, topic
 from .sinks import SinkCounters, return_free_memory

@@ -1,0 +1,210 @@
+"""Per-channel ring buffers and time alignment (synchronous, pure numpy).
+
+Policy for each channel's timestamps (nanoseconds, int64):
+- a sample whose timestamp is not later than the channel's newest accepted one
+  is dropped and counted: ``late`` if earlier, ``duplicate`` if equal;
+- a non-finite value (NaN, inf) is dropped and counted as ``nonfinite``;
+- a sample later than ``max_t_ns`` (when the caller gives one: the engine's receive
+  clock plus ``max_future_s``) is dropped and counted as ``future``; like the two
+  above, it does not raise the bound later samples must pass;
+- when the buffer is full the oldest sample is overwritten (``overwritten``):
+  memory per channel is fixed at construction.
+
+Alignment onto a common clock (``Resampler``): at each tick the channel's value
+is its newest sample before the next half-tick (a sample stamped less than half
+a period after the tick counts as on it: offsets, jitter and float seconds do
+not move a device on the clock's rate off its ticks), if that sample is at most
+``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there.
+A tick is *fresh* for a channel when its sample was not already shown at the tick
+before: a channel slower than the clock, or one whose stamps wobble around the
+ticks, repeats samples. A row in which both channels of a pair repeat is a copy
+of an earlier row and carries no information; kept, such copies look like
+dependence (every repeated row is a point shared by both channels), so the
+engine leaves them out of that pair's window (``window.repeated_rows: drop``).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["ChannelCounters", "Resampler", "RingBuffer"]
+
+
+@dataclass
+class ChannelCounters:
+    accepted: int = 0
+    late: int = 0
+    duplicate: int = 0
+    nonfinite: int = 0
+    future: int = 0
+    overwritten: int = 0
+
+    @property
+    def dropped(self) -> int:
+        return self.late + self.duplicate + self.nonfinite + self.future
+
+
+@dataclass
+class RingBuffer:
+    """Fixed-capacity buffer of (t_ns, value) samples for one channel, in time order.
+
+    >>> buf = RingBuffer(capacity=3)
+    >>> buf.push_many(np.array([1, 2, 2, 5]), np.array([0.1, 0.2, 9.0, np.nan]))
+    2
+    >>> buf.times().tolist(), buf.counters.duplicate, buf.counters.nonfinite
+    ([1, 2], 1, 1)
+    """
+
+    capacity: int
+    counters: ChannelCounters = field(default_factory=ChannelCounters)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise InputError(f"capacity must be >= 1 sample; got {self.capacity}")
+        self._t = np.zeros(self.capacity, dtype=np.int64)
+        self._v = np.zeros(self.capacity, dtype=np.float64)
+        self._head = 0  # index of the next write
+        self._size = 0
+        self.last_t_ns: int | None = None
+        # pushes come from the event loop while a worker thread reads windows: reads must see one state
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, t_ns: int, value: float) -> bool:
+        """Append one sample; returns whether it was accepted (see the module policy)."""
+        with self._lock:
+            return self._push_one(t_ns, value)
+
+    def _push_one(self, t_ns: int, value: float) -> bool:
+        if not np.isfinite(value):
+            self.counters.nonfinite += 1
+            return False
+        if self.last_t_ns is not None and t_ns <= self.last_t_ns:
+            if t_ns == self.last_t_ns:
+                self.counters.duplicate += 1
+            else:
+                self.counters.late += 1
+            return False
+        if self._size == self.capacity:
+            self.counters.overwritten += 1
+        else:
+            self._size += 1
+        self._t[self._head] = t_ns
+        self._v[self._head] = value
+        self._head = (self._head + 1) % self.capacity
+        self.last_t_ns = int(t_ns)
+        self.counters.accepted += 1
+        return True
+
+    def push_many(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
+        """Append samples in order, refusing those later than max_t_ns (if given); returns how many were accepted."""
+        t_ns = np.asarray(t_ns, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        if t_ns.shape != values.shape or t_ns.ndim != 1:
+            raise InputError(f"t_ns and values must be 1-D of equal length; got {t_ns.shape} and {values.shape}")
+        if t_ns.size == 0:
+            return 0
+        with self._lock:
+            return self._push_arrays(t_ns, values, max_t_ns)
+
+    def _push_arrays(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
+        finite = np.isfinite(values)
+        cand = finite if max_t_ns is None else finite & (t_ns <= max_t_ns)  # candidates: finite, not too far ahead
+        # A sample is accepted iff it is later than every earlier candidate (a rejected one never raises that bound).
+        floor = np.iinfo(np.int64).min if self.last_t_ns is None else self.last_t_ns
+        bound = np.maximum.accumulate(np.concatenate(([floor], np.where(cand, t_ns, floor)[:-1])))
+        ok = cand & (t_ns > bound)
+        self.counters.nonfinite += int((~finite).sum())
+        self.counters.future += int((finite & ~cand).sum())
+        self.counters.duplicate += int((cand & (t_ns == bound)).sum())
+        self.counters.late += int((cand & (t_ns < bound)).sum())
+        n = int(ok.sum())
+        if n == 0:
+            return 0
+        t_ok, v_ok = t_ns[ok], values[ok]
+        self.counters.overwritten += max(0, self._size + n - self.capacity)
+        self.counters.accepted += n
+        if n > self.capacity:
+            t_ok, v_ok = t_ok[-self.capacity :], v_ok[-self.capacity :]
+        skipped = n - len(t_ok)  # more new samples than slots: the first ones are overwritten at once
+        idx = (self._head + skipped + np.arange(len(t_ok))) % self.capacity
+        self._t[idx] = t_ok
+        self._v[idx] = v_ok
+        self._head = (self._head + n) % self.capacity
+        self._size = min(self.capacity, self._size + n)
+        self.last_t_ns = int(t_ok[-1])
+        return n
+
+    def _order(self) -> np.ndarray:
+        start = (self._head - self._size) % self.capacity
+        return (start + np.arange(self._size)) % self.capacity
+
+    def times(self) -> np.ndarray:
+        return self.contents()[0]
+
+    def values(self) -> np.ndarray:
+        return self.contents()[1]
+
+    def contents(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of (times, values), oldest first, taken together so a concurrent push cannot split them."""
+        with self._lock:
+            order = self._order()
+            return self._t[order], self._v[order]
+
+    def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0) -> np.ndarray:
+        """Value at each tick (ascending int64 ns): newest sample at or before it (or at most tolerance_ns after
+        it), NaN if none or too old."""
+        return self.hold_fresh(ticks_ns, max_staleness_ns, tolerance_ns)[0]
+
+    def hold_fresh(
+        self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """sample_and_hold's values, and whether each tick shows a sample the tick before did not (fresh)."""
+        t, v = self.contents()
+        idx = np.searchsorted(t, ticks_ns + tolerance_ns, side="right") - 1
+        out = np.full(ticks_ns.shape, np.nan)
+        ok = idx >= 0
+        ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
+        out[ok] = v[idx[ok]]
+        fresh = ok.copy()
+        fresh[1:] &= idx[1:] != idx[:-1]
+        return out, fresh
+
+
+class Resampler:
+    """Aligns independent channels onto a common clock of ``rate_hz`` by sample-and-hold."""
+
+    def __init__(self, rate_hz: float, max_staleness_s: float) -> None:
+        if not rate_hz > 0:
+            raise InputError(f"rate_hz must be > 0; got {rate_hz}")
+        if not max_staleness_s >= 0:
+            raise InputError(f"max_staleness_s must be >= 0; got {max_staleness_s}")
+        self.period_ns = round(1e9 / rate_hz)
+        self.max_staleness_ns = round(max_staleness_s * 1e9)
+        # each sample belongs to its nearest tick: a device on the clock's rate whose stamps sit a little after the
+        # ticks (an offset, jitter, float seconds) must not wobble between two ticks, repeating and skipping rows
+        self.tolerance_ns = max(0, (self.period_ns - 1) // 2)
+
+    def ticks(self, end_ns: int, n: int) -> np.ndarray:
+        """The n clock ticks ending at the last tick at or before end_ns (ascending)."""
+        last = (end_ns // self.period_ns) * self.period_ns
+        return last - self.period_ns * np.arange(n - 1, -1, -1, dtype=np.int64)
+
+    def window(self, buffers: list[RingBuffer], end_ns: int, n: int) -> np.ndarray:
+        """(C, n) aligned values of each buffer over the n ticks ending at end_ns; NaN where invalid."""
+        return self.window_fresh(buffers, end_ns, n)[0]
+
+    def window_fresh(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(C, n) aligned values (NaN where invalid) and (C, n) fresh flags (see the module docstring)."""
+        ticks = self.ticks(end_ns, n)
+        held = [b.hold_fresh(ticks, self.max_staleness_ns, self.tolerance_ns) for b in buffers]
+        if not held:
+            return np.zeros((0, n)), np.zeros((0, n), dtype=bool)
+        return np.stack([h[0] for h in held]), np.stack([h[1] for h in held])

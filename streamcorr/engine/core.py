@@ -1,0 +1,446 @@
+"""The in-process engine: push samples, get a live MI matrix and change events.
+
+Data flow per hop (synchronous, in a worker thread): ring buffers -> aligned
+window on the common clock -> ranks once per channel (incremental when the
+channel's new samples are all valid) -> scheduler picks pairs -> histograms ->
+InfoNet batch -> matrix state -> change detector -> snapshot and events, which
+async subscribers read from bounded queues (oldest dropped, drops counted).
+
+Stream time is the newest timestamp pushed, so simulated and replayed data run
+as fast as they arrive. A hop is evaluated once stream time passes its end plus
+``max_staleness_s``, so late-but-allowed samples are in before the window closes.
+
+What one sender can do is bounded (the engine is the door for library users too):
+
+* a sample stamped more than ``max_future_s`` ahead of the receive clock (the wall
+  clock at ``push``) is refused and counted (``future``); and stream time never
+  moves past the receive clock, so a sample a little ahead on one channel cannot
+  end windows early for the others;
+* a channel name must follow the rule of :mod:`streamcorr.names` (``bad_name``);
+* at most ``max_channels`` channels exist (the configured ones first, always);
+  samples for further new names are refused and counted (``channel_limit``), and
+  new channels join the matrix once per hop, in one step; auto-added channels silent
+  for ``retire_after_s`` leave it the same way, so churn cannot grow memory or hops
+  (:mod:`streamcorr.engine.intake`, which also re-anchors a channel whose clock stepped);
+* pairs among configured channels are evaluated every hop (within
+  ``max_pairs_per_hop``); pairs involving auto-added channels get at most
+  ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
+  the configured ones;
+* ``stop(timeout_s)`` returns within about ``timeout_s``: a hop in progress ends
+  at its next model batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..cache import cache_dir
+from ..compute.local import LocalEvaluator, PairEvaluator, StoppableEstimator
+from ..estimate.copula import SlidingRanks
+from ..estimate.estimator import Estimator
+from ..estimate.significance import (
+    N_FEATURES,
+    autocorrelation,
+    estimate_own_rows,
+    max_lag,
+    pair_n_eff,
+    per_evaluation_rate,
+    prewhiten,
+)
+from ..estimate.surrogates import SurrogateNulls
+from ..logutil import RateLimitedLog
+from .buffers import ChannelCounters
+from .changes import ChangeDetector, ChangeEvent, cached_calibration
+from .intake import Channel, EngineCounters, Intake
+from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
+from .scheduler import Scheduler
+from .screen import Screener
+from .settings import EngineConfig
+
+log = logging.getLogger("streamcorr.engine.core")
+
+__all__ = ["Engine", "EngineConfig", "EngineCounters"]
+
+
+class Engine:
+    """Live MI matrix over pushed channels.
+
+    >>> import asyncio
+    >>> async def main():
+    ...     eng = Engine(EngineConfig(channels=["a", "b"], window_len=64, hop_samples=32, rate_hz=10))
+    ...     async with eng:
+    ...         rng = np.random.default_rng(0)
+    ...         for k in range(200):
+    ...             x = rng.standard_normal()
+    ...             eng.push_frame(k / 10, {"a": x, "b": x + 0.1 * rng.standard_normal()})
+    ...         snap = await anext(eng.snapshots(timeout_s=30))
+    ...     return bool(snap.mi[0, 1] > 0.5)
+    >>> asyncio.run(main())
+    True
+    """
+
+    def __init__(
+        self, config: EngineConfig, estimator: Estimator | None = None, compute: PairEvaluator | None = None
+    ) -> None:
+        self.cfg = config
+        self._stopping = threading.Event()
+        self.est: Estimator = StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
+        # the hop's network pairs go here (streamcorr.compute.local); its creator starts and closes one passed in
+        self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est)
+        self._log = RateLimitedLog(log)
+        self.state = MatrixState([])
+        self.counters = EngineCounters()
+        self._wake = asyncio.Event()  # a window is due: the hop loop runs
+        self._idle = asyncio.Event()  # no window due and no hop running: flush() returns
+        self._idle.set()
+        self.intake = Intake(config, self.counters, on_due=self._due)  # buffers, admission, stream clock
+        self.resampler = self.intake.resampler
+        self.calibration = cached_calibration(
+            self.est.fingerprint, self.est.estimate_batch, config.window_len, self.est.ties
+        )
+        self.detector = ChangeDetector(
+            self.calibration, self._alpha(1), config.min_effect, config.delta, config.persist, config.rel_delta
+        )
+        self.screener = Screener(
+            mode=config.screening,
+            window_len=config.window_len,
+            hop_s=config.hop_samples / config.rate_hz,
+            min_effect=config.min_effect,
+            max_age_s=config.max_age_s,
+            hop_budget=config.hop_budget,
+            max_pairs_per_hop=config.max_pairs_per_hop,
+            cache_dir=cache_dir(),
+        )
+        # smooth pairs' own nulls, measured again once their window has been replaced
+        self.surrogates = SurrogateNulls(config.surrogates, config.window_len * self.resampler.period_ns)
+        self._pairs = np.zeros((0, 2), dtype=np.int64)
+        self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
+        self._scheduler = Scheduler(self._pairs, 1)
+        self._sync_channels()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="streamcorr-hop")
+        self._hop: concurrent.futures.Future[tuple[Snapshot, list[ChangeEvent]]] | None = None  # in the thread
+        self._task: asyncio.Task[None] | None = None
+        self._snap_queues: list[asyncio.Queue[Any]] = []
+        self._event_queues: list[asyncio.Queue[Any]] = []
+        self.latest: Snapshot | None = None
+        self._last_window: tuple[tuple[str, ...], np.ndarray] | None = None  # (names, (C, N)) of the newest hop
+
+    def _alpha(self, n_pairs: int) -> float:
+        """False-alarm rate per pair and evaluation: the configured one, or from false_alarms_per_hour."""
+        cfg = self.cfg
+        if cfg.false_alarm_rate is not None:
+            return cfg.false_alarm_rate
+        hop_s = cfg.hop_samples / cfg.rate_hz
+        return per_evaluation_rate(cfg.false_alarms_per_hour, n_pairs, hop_s, cfg.window_len / cfg.rate_hz, cfg.persist)
+
+    # -- channels ---------------------------------------------------------------------------------
+    @property
+    def channels(self) -> list[str]:
+        """Channel names in matrix order."""
+        return list(self.state.channels)
+
+    def sample_drops(self) -> dict[str, int]:
+        """Samples refused so far, by reason, over all channels (Intake.sample_drops)."""
+        return self.intake.sample_drops()
+
+    def channel_counters(self) -> dict[str, ChannelCounters]:
+        """Per-channel sample counters (accepted, late, duplicate, nonfinite, future, overwritten), by name."""
+        return self.intake.channel_counters()
+
+    def push(self, channel: str, t: float | np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples (t in seconds) to one channel; returns how many were accepted."""
+        return self.intake.push(channel, t, values)
+
+    def push_ns(self, channel: str, t_ns: np.ndarray, values: float | np.ndarray) -> int:
+        """Append samples stamped in integer nanoseconds to one channel (exact stamps: logs, device clocks)."""
+        return self.intake.push_ns(channel, t_ns, values)
+
+    def push_frame(self, t: float | np.ndarray, frame: Mapping[str, float | np.ndarray]) -> int:
+        """Append samples of several channels taken together at time(s) t (seconds); returns how many were
+        accepted. t is a scalar with one value per channel, or (n,) with n values per channel."""
+        return self.intake.push_frame(t, frame)
+
+    def due_windows(self) -> Iterator[int]:
+        """End ticks (ns) of the windows now due, oldest first, each given out once: a caller that drives
+        ``evaluate`` itself (replay, without the event loop) evaluates each. Do not mix with ``start``."""
+        return self.intake.due_windows()
+
+    def _sync_channels(self, end_tick: int | None = None) -> None:
+        """Bring the matrix, pairs and scheduler to the intake's channels: retire those silent at end_tick (ns),
+        add the new ones (the tail of the insertion-ordered dict), each in one step."""
+        gone = set(self.intake.retire_silent(end_tick)) if end_tick is not None else set()
+        old_names = list(self.state.channels)
+        kept = set(old_names) - gone
+        new = [name for name in list(self.intake.channels) if name not in kept]  # a name retired and back: new
+        if not new and not gone:
+            return
+        if gone:
+            self.state.remove_channels(gone)
+            self.detector.forget(gone)
+            self.surrogates.forget_channels(gone)
+        self.state.add_channels(new)  # one regrowth of the matrices for all of them
+        prev, names = self._scheduler, self.state.channels
+        old = {(old_names[a], old_names[b]): k for k, (a, b) in enumerate(self._pairs.tolist())}
+        self._pairs = self.cfg.pairs.resolve(names) if len(names) > 1 else np.zeros((0, 2), dtype=np.int64)
+        n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order (and never retire)
+        self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
+        self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
+        self.detector.alpha = self._alpha(max(1, len(self._pairs)))  # the matrix's false-alarm budget, shared
+        self._scheduler.min_effect = self.cfg.min_effect
+        pair_names = [(names[a], names[b]) for a, b in self._pairs.tolist()]
+        keep = [(k, old[p]) for k, p in enumerate(pair_names) if p in old and p[0] in kept and p[1] in kept]
+        if keep:
+            new_idx, old_idx = np.array(keep).T
+            for name in ("last_refresh_ns", "last_mi", "held_dependent"):
+                getattr(self._scheduler, name)[new_idx] = getattr(prev, name)[old_idx]
+
+    def _next_pairs(self, order: np.ndarray | None = None) -> np.ndarray:
+        """Pair indices in priority ``order`` (default: the scheduler's stalest first; with screening: the screen's
+        plan) cut to the budgets: pairs among configured channels first (at most ``max_pairs_per_hop``), then at
+        most ``auto_pairs_per_hop`` pairs involving auto-added channels."""
+        order = self._scheduler.next_pairs() if order is None else order
+        budget = self.cfg.max_pairs_per_hop or len(order)
+        prot = self._protected[order]
+        first = order[prot][:budget]
+        rest = order[~prot][: max(0, min(self.cfg.auto_pairs_per_hop, budget - len(first)))]
+        return np.concatenate([first, rest]) if len(rest) else first
+
+    # -- evaluation (worker thread) -----------------------------------------------------------------
+    def _ranks(self, ch: Channel, values: np.ndarray, end_tick: int) -> np.ndarray | None:
+        """Copula values of a fully valid window, incrementally when the previous window was contiguous."""
+        period, n = self.resampler.period_ns, self.cfg.window_len
+        if not np.isfinite(values).all():
+            ch.ranks_end_tick = None
+            return None
+        if ch.ranks_end_tick is not None and 0 < (end_tick - ch.ranks_end_tick) // period < n:
+            h = (end_tick - ch.ranks_end_tick) // period
+            u = ch.ranks.update(values[None, -h:])[0]
+        else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
+            ch.ranks = SlidingRanks(1, n, ties=self.est.ties)
+            u = ch.ranks.update(values[None, :])[0]
+        ch.ranks_end_tick = end_tick
+        return u
+
+    def evaluate(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
+        """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
+        t0 = time.perf_counter()
+        cnt = self.counters
+        self._sync_channels(end_tick)
+        chans = [self.intake.channels[name] for name in self.state.channels]
+        window, fresh = self.resampler.window_fresh([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
+        valid = np.isfinite(window)
+        if self.cfg.repeated_rows == "keep":
+            fresh = valid
+        self._last_window = (tuple(self.state.channels), window)
+        raw = window
+        if self.est.prewhiten == "ar":  # innovations of every fully valid channel; they change with each fit
+            window = window.copy()
+            whole = valid.all(axis=1)
+            window[whole] = prewhiten(raw[whole])
+            for c in chans:
+                c.ranks_end_tick = None
+        t0 = cnt.add_time("align", t0)
+        ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
+        t0 = cnt.add_time("ranks", t0)
+        was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
+        if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
+            hop_ns = self.cfg.hop_samples * self.resampler.period_ns
+            overdue, deferred = self._scheduler.overdue, self._scheduler.deferred
+            plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
+            cnt.max_age_overdue += self._scheduler.overdue - overdue
+            cnt.screen_deferred += self._scheduler.deferred - deferred
+            pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
+            pp = self._pairs[pick]
+            was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
+            screen_level = self.state.mi[pp[:, 0], pp[:, 1]]
+            sp = self._pairs[plan.screened]
+            self.state.update(sp[:, 0], sp[:, 1], plan.screened_mi, np.ones(len(sp)), end_tick, source=SOURCE_SCREEN)
+            cnt.pairs_screened += len(sp)
+            cnt.screen_passed += plan.passed
+            t0 = cnt.add_time("screen", t0)
+        else:  # every pair by the network, stalest first within the budgets
+            pick = self._next_pairs()
+        pairs = self._pairs[pick]
+        i, j = pairs[:, 0], pairs[:, 1]
+        u = np.zeros((0, self.cfg.window_len))
+        coverage = (valid[i] & valid[j]).mean(axis=1)
+        ok = coverage >= self.cfg.min_coverage
+        self.counters.pairs_low_coverage += int((~ok).sum())
+        mi = np.full(len(pairs), np.nan)
+        n_eff = np.full(len(pairs), np.nan)
+        full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & ok
+        repeats = (valid & ~fresh).any(axis=1)  # (C,): channels that repeat a sample somewhere in the window
+        for k in np.flatnonzero(full & repeats[i] & repeats[j]):  # rows both repeat: leave them out (buffers)
+            full[k] = bool((fresh[i[k]] | fresh[j[k]])[valid[i[k]] & valid[j[k]]].all())
+        t0 = cnt.add_time("align", t0)
+        if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
+            u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
+            t_model = t0
+            # MI exactly 0 for a constant channel, as in the estimator (ranked channels are all finite)
+            constant = np.array([r is not None and raw[k].max() == raw[k].min() for k, r in enumerate(ranks)])
+            mi[full] = self.compute.estimate(u, i[full], j[full], constant)  # histograms + network: local or Ray
+            t0 = cnt.add_time("model", t0)
+            self.screener.observe_model(int(full.sum()), t0 - t_model)
+            used = np.unique(np.concatenate([i[full], j[full]]))
+            acf = np.zeros((len(chans), N_FEATURES, max_lag(self.cfg.window_len) + 1))  # (C, F, K + 1)
+            acf[used] = autocorrelation(u[used])
+            n_eff[full] = pair_n_eff(acf[i[full]], acf[j[full]], self.cfg.window_len)
+            t0 = cnt.add_time("significance", t0)
+        groups: list[tuple[np.ndarray, np.ndarray]] = []  # pairs on their own rows: (ranks, hop indices)
+        cnt.pairs_low_coverage += estimate_own_rows(self.est, window, fresh, valid, i, j, ok & ~full, mi, n_eff, groups)
+        t0 = cnt.add_time("gapped_pairs", t0)
+        if self.cfg.significance == "iid":
+            n_eff = np.where(np.isfinite(n_eff), self.cfg.window_len, np.nan)
+        done = ok & ~np.isnan(mi)  # NaN: the compute backend's tile came back too late; the cell keeps its age
+        self._scheduler.mark_refreshed(pick[done], end_tick)
+        self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
+        self.counters.pairs_evaluated += int(done.sum())
+        self.counters.hops += 1
+        names = self.channels
+        if was_screened is not None and screen_level is not None:  # the screen's verdict is the pair's prior state
+            for k in np.flatnonzero(done & was_screened):
+                self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
+        hop_pairs = [(names[a], names[b]) for a, b in zip(i, j, strict=True)]
+        done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
+        own = None
+        if self.cfg.significance == "effective":  # smooth pairs' own nulls (significance.SurrogateNulls)
+            repeating = repeats[i] | repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
+            own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, u, groups, i, j,
+                                                 hop_pairs, mi, n_eff, done, end_tick, repeating)  # fmt: skip
+        t0 = cnt.add_time("significance", t0)
+        events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick, own)
+        held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)
+        self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], held)
+        self.state.set_significance(i[done], j[done], held, n_eff[done])
+        snap = self.state.snapshot(end_tick, time.time_ns())
+        cnt.add_time("publish", t0)
+        return snap, events
+
+    def pair_table(self, a: str, b: str) -> np.ndarray | None:
+        """The model's lookup table theta (G, G) for channels a and b on the newest window; None if unavailable."""
+        if self._last_window is None:
+            return None
+        names, window = self._last_window
+        if a not in names or b not in names:
+            return None
+        x, y = window[names.index(a)], window[names.index(b)]
+        both = np.isfinite(x) & np.isfinite(y)
+        if both.sum() < self.est.min_window:
+            return None
+        return self.est.table(x[both], y[both])[0]
+
+    # -- async wiring --------------------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop() while the evaluation task is alive."""
+        return self._task is not None and not self._task.done()
+
+    def queue_depths(self) -> dict[str, int]:
+        """Items waiting in each subscriber queue (bounded by ``queue_size``; the oldest dropped, counted)."""
+        depths = {f"engine_snapshots_{k}": q.qsize() for k, q in enumerate(self._snap_queues)}
+        return depths | {f"engine_events_{k}": q.qsize() for k, q in enumerate(self._event_queues)}
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="streamcorr-engine")
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop evaluating: a hop in progress ends at its next model batch; returns within about timeout_s even if
+        the hop does not (its thread then finishes on its own and its result is discarded)."""
+        if self._task is None:
+            return
+        self._stopping.set()
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(self._task, timeout_s)
+        self._task = None
+        hop = self._hop
+        if hop is not None and not hop.done():  # the thread outlives its task
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(hop)), timeout_s)
+        if hop is not None and not hop.done():
+            log.warning("a hop still running after %.1f s was abandoned at stop", timeout_s)
+        else:
+            self._stopping.clear()
+        self._idle.set()  # nothing more will be evaluated: a flush waiting now returns
+
+    def _due(self) -> None:
+        """A window is due (Intake's on_due): wake the hop loop."""
+        self._idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._wake.is_set():
+                self._idle.set()
+            await self._wake.wait()
+            self._wake.clear()
+            while (end := self.intake.due_end_tick()) is not None:
+                t0 = time.perf_counter()
+                try:
+                    self._hop = self._executor.submit(self.evaluate, end)
+                    snap, events = await asyncio.wrap_future(self._hop)
+                    self.counters.last_hop_s = time.perf_counter() - t0
+                except Exception:  # a failed hop must not kill the engine
+                    log.exception("evaluation of the window ending at %d ns failed", end)
+                    continue
+                self.latest = snap
+                for q in self._snap_queues:
+                    self._offer(q, snap, "snapshots_dropped")
+                for ev in events:
+                    for eq in self._event_queues:
+                        self._offer(eq, ev, "events_dropped")
+
+    async def flush(self) -> None:
+        """Wait until every window that is due has been evaluated and published (replay, tests)."""
+        if self.intake.has_due():
+            self._due()
+        await self._idle.wait()
+
+    async def drained(self) -> None:
+        """Wait until every subscriber has taken, and come back after, each snapshot and event handed to it so
+        far (the daemon's outputs have them)."""
+        await asyncio.gather(*(q.join() for q in [*self._snap_queues, *self._event_queues]))
+
+    def _offer(self, q: asyncio.Queue[Any], item: Any, counter: str) -> None:
+        if q.full():
+            q.get_nowait()  # drop the oldest: subscribers want the newest state
+            q.task_done()
+            setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+        q.put_nowait(item)
+
+    async def _subscribe(self, queues: list[asyncio.Queue[Any]], timeout_s: float | None) -> AsyncIterator[Any]:
+        q: asyncio.Queue[Any] = asyncio.Queue(self.cfg.queue_size)
+        queues.append(q)
+        try:
+            while True:
+                yield await asyncio.wait_for(q.get(), timeout_s)
+                q.task_done()  # the subscriber came back for the next one: it is done with this one
+        except TimeoutError:
+            return
+        finally:
+            queues.remove(q)
+
+    def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
+        """Every new snapshot, from now on; ends after timeout_s without one."""
+        return self._subscribe(self._snap_queues, timeout_s)
+
+    def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
+        """Every change event, from now on; ends after timeout_s without one."""
+        return self._subscribe(self._event_queues, timeout_s)

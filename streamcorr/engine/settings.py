@@ -1,0 +1,156 @@
+"""The engine's settings: one flat object for library users, generated from the YAML schema.
+
+Each field of :class:`EngineConfig` that a config file can set names its key in :data:`ENGINE_KEYS`; its
+default and its bounds are that key's in :mod:`streamcorr.config` (one definition of each), so a library
+user and a daemon user get the same defaults and the same errors. ``EngineConfig.from_config(cfg)`` is the
+one mapping from a validated config to the engine.
+
+>>> from_file = EngineConfig.from_config(parse_config({"version": 1}, need_sources=False))
+>>> (EngineConfig().window_len, EngineConfig().hop_samples) == (from_file.window_len, from_file.hop_samples)
+True
+>>> EngineConfig(rate_hz=10).hop_samples, EngineConfig(rate_hz=10, hop_s=0.5).hop_samples
+(10, 5)
+>>> try:
+...     EngineConfig(window_len=16)
+... except ConfigError as exc:
+...     print(exc)
+window_len (window.samples in a config file): Input should be greater than or equal to 32 (got 16)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..config import HOP_S, Changes, Channels, Config, EstimatorConfig, Pairs, Screening, Window, parse_config
+from ..errors import ConfigError
+from ..names import name_problem
+from .scheduler import PairSelection
+
+__all__ = ["ENGINE_KEYS", "EngineConfig", "parse_config"]
+
+# EngineConfig field -> (config section, key): the default and the bounds are the section's
+ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
+    "channels": (Channels, "names"),
+    "rate_hz": (Channels, "rate_hz"),
+    "max_staleness_s": (Channels, "max_staleness_s"),
+    "auto_add_channels": (Channels, "auto_add"),
+    "max_channels": (Channels, "max_channels"),
+    "auto_pairs_per_hop": (Channels, "auto_pairs_per_hop"),
+    "max_future_s": (Channels, "max_future_s"),
+    "max_name_bytes": (Channels, "max_name_bytes"),
+    "retire_after_s": (Channels, "retire_after_s"),
+    "reanchor_after_s": (Channels, "reanchor_after_s"),
+    "window_len": (Window, "samples"),
+    "min_coverage": (Window, "min_coverage"),
+    "skip_stale_hops": (Window, "skip_stale_hops"),
+    "repeated_rows": (Window, "repeated_rows"),
+    "max_pairs_per_hop": (Pairs, "max_per_hop"),
+    "screening": (Screening, "mode"),
+    "max_age_s": (Screening, "max_age_s"),
+    "hop_budget": (Screening, "hop_budget"),
+    "false_alarm_rate": (Changes, "false_alarm_rate"),
+    "false_alarms_per_hour": (Changes, "false_alarms_per_hour"),
+    "significance": (Changes, "significance"),
+    "surrogates": (Changes, "surrogates"),
+    "min_effect": (Changes, "min_effect"),
+    "persist": (Changes, "persist"),
+    "delta": (Changes, "delta"),
+    "rel_delta": (Changes, "rel_delta"),
+}
+_SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes"}
+_SECTION_KEYS: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: EngineConfig field}
+for _name, (_section, _key) in ENGINE_KEYS.items():
+    _SECTION_KEYS.setdefault(_section, {})[_key] = _name
+
+
+def _default(name: str) -> Any:
+    section, key = ENGINE_KEYS[name]
+    f = section.model_fields[key]
+    return f.get_default(call_default_factory=True)
+
+
+@dataclass
+class EngineConfig:
+    channels: list[str] = field(default_factory=list)  # known up front; others are added on first push
+    rate_hz: float = _default("rate_hz")  # common clock
+    window_len: int = _default("window_len")  # samples of the common clock
+    hop_samples: int = 0  # window advance between evaluations, samples; 0: hop_s x rate_hz
+    hop_s: float | None = None  # seconds between evaluations when hop_samples is 0 (None: config.HOP_S, 1 s)
+    max_staleness_s: float = _default("max_staleness_s")  # sample-and-hold limit; also how long a window waits
+    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + 2 hops, x2 for jitter)
+    pairs: PairSelection = field(default_factory=PairSelection)
+    max_pairs_per_hop: int | None = _default("max_pairs_per_hop")  # None: every selected pair each hop
+    min_coverage: float = _default("min_coverage")  # pairs valid over less of the window are not evaluated
+    false_alarms_per_hour: float = _default("false_alarms_per_hour")  # chance became-dependent, whole matrix
+    false_alarm_rate: float | None = _default("false_alarm_rate")  # per pair and evaluation (overrides the above)
+    significance: str = _default("significance")  # "effective": null at each pair's effective sample size; "iid"
+    surrogates: int = _default("surrogates")  # shifted surrogates per smooth pair for its own null; 0: off
+    repeated_rows: str = _default("repeated_rows")  # "drop": rows both channels repeat leave the pair's window
+    min_effect: float = _default("min_effect")  # nats: weaker dependence is not reported as "dependent"
+    screening: str = _default("screening")  # "auto": screen when pairs exceed the hop's network budget; on; off
+    max_age_s: float = _default("max_age_s")  # screening: a network estimate per pair at least this often
+    hop_budget: float = _default("hop_budget")  # screening: share of the hop the network may use
+    persist: int = _default("persist")
+    delta: float | None = _default("delta")  # nats a dependent pair must move for rise/fall (None: from the null)
+    rel_delta: float = _default("rel_delta")  # ... and this fraction of its level
+    auto_add_channels: bool = _default("auto_add_channels")
+    max_channels: int = _default("max_channels")  # channels in all, configured ones first; more names refused
+    auto_pairs_per_hop: int = _default("auto_pairs_per_hop")  # pairs with an auto-added channel per hop, at most
+    max_future_s: float | None = _default("max_future_s")  # samples further ahead of the receive clock refused
+    max_name_bytes: int = _default("max_name_bytes")  # the channel-name rule's length bound (streamcorr.names)
+    retire_after_s: float | None = _default("retire_after_s")  # auto-added channels silent this long leave
+    reanchor_after_s: float | None = _default("reanchor_after_s")  # a channel off its clock this long re-anchored
+    skip_stale_hops: bool = _default("skip_stale_hops")  # live: jump to the newest window when behind
+    queue_size: int = 64  # per subscriber
+    estimator: Mapping[str, Any] = field(default_factory=dict)  # Estimator keyword arguments
+
+    def __post_init__(self) -> None:
+        for section, keys in _SECTION_KEYS.items():  # each section's keys together (cross-key rules)
+            try:
+                section.model_validate({key: getattr(self, name) for key, name in keys.items()})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                key = str(err["loc"][0]) if err["loc"] else ""
+                if key in keys:  # one key's bound, named both ways
+                    where = f"{keys[key]} ({_SECTION[section]}.{key} in a config file)"
+                    raise ConfigError(f"{where}: {err['msg']} (got {getattr(self, keys[key])!r:.80})") from None
+                msg = f"EngineConfig ({_SECTION[section]} section in a config file): {err['msg']}"
+                raise ConfigError(msg) from None
+        if self.hop_samples < 0 or (self.hop_s is not None and not self.hop_s > 0):
+            raise ConfigError(f"hop_samples must be >= 1 and hop_s > 0; got {self.hop_samples}, {self.hop_s}")
+        if self.hop_samples and self.hop_s is not None:
+            raise ConfigError("give hop_samples or hop_s, not both (as window.hop_samples and window.hop_s)")
+        if not self.hop_samples:  # the same default hop as a config file's
+            self.hop_samples = max(1, round((self.hop_s or HOP_S) * self.rate_hz))
+            self.hop_s = None
+        if len(set(self.channels)) != len(self.channels):
+            raise ConfigError("channels contains duplicate names")
+        for name in self.channels:
+            if (why := name_problem(name, self.max_name_bytes)) is not None:
+                raise ConfigError(f"channel name {name!r:.80} is not usable ({why}); see streamcorr.names")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> EngineConfig:
+        """The engine's settings from a validated config: every key of ENGINE_KEYS, the hop, the pairs and
+        the estimator section."""
+        values = {name: getattr(getattr(cfg, _SECTION[section]), key) for name, (section, key) in ENGINE_KEYS.items()}
+        return cls(**values, hop_samples=cfg.hop_samples(), pairs=pair_selection(cfg.pairs),
+                   estimator=estimator_kwargs(cfg.estimator))  # fmt: skip
+
+
+def pair_selection(p: Pairs) -> PairSelection:
+    """The scheduler's pair selection for the ``pairs`` section (mode all, list or groups)."""
+    if p.mode == "list":
+        return PairSelection(pairs=tuple((a, b) for a, b in p.pairs))
+    if p.mode == "groups":
+        return PairSelection(groups=tuple(p.groups), groups_with=tuple(p.groups_with))
+    return PairSelection()
+
+
+def estimator_kwargs(e: EstimatorConfig) -> dict[str, Any]:
+    """Estimator keyword arguments from the ``estimator`` section (unset optional keys keep the library's)."""
+    return {k: v for k, v in e.model_dump().items() if v is not None or k in ("amp", "compile")}

@@ -1,0 +1,418 @@
+"""`streamcorr report OUTDIR -o report.html`: one self-contained HTML file from a replay's output directory
+(or an ``outputs.record`` directory: its ``timeline-*.parquet`` and ``events-*.parquet`` files).
+
+Contract: the file needs nothing else to open (no script, style sheet, font or image is fetched: styles are
+inline and every figure is inline SVG, so it opens offline and from an e-mail attachment); every name from
+the log is HTML-escaped. It shows
+
+* the MI matrix at chosen instants (``at``: stream times; default four instants spread over the replay), cells
+  the change detector did not find dependent hatched (not significant), n_eff in each cell's tooltip,
+* MI over time for the ``top`` strongest pairs (by their largest MI) and for every pair with events, with the
+  events marked on each line (hollow: ``initial``, dependent from the pair's first assessment) and a band
+  under the line where the pair was dependent; each caption gives its share of hops dependent and last n_eff,
+* every event on one timeline and in a table (time, pair, change, previous -> current, initial marked),
+* the model's lookup table of the pairs replay kept (``tables.json``: pairs with events, then the strongest).
+
+Reads ``timeline.parquet``, ``events.parquet``, ``replay.json`` and, when present, ``tables.json``. Output
+without the ``dependent`` / ``n_eff`` columns (written before they existed) is drawn without those marks.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import itertools
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .outfiles import write_file
+from .report_input import load_output
+
+__all__ = ["time_ticks", "write_report"]
+
+# magma, reversed: light is independent, dark is strong
+_STOPS = [
+    (0.0, (252, 253, 191)),
+    (0.25, (252, 137, 97)),
+    (0.5, (183, 55, 121)),
+    (0.75, (81, 18, 124)),
+    (1.0, (0, 0, 4)),
+]
+_KIND_COLOR = {"became-dependent": "#c0392b", "became-independent": "#2471a3", "rise": "#e67e22", "fall": "#17a589"}
+_PAIR_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+MAX_MATRIX_CHANNELS = 48  # larger matrices show the channels of the drawn pairs only
+_HATCH = "repeating-linear-gradient(135deg, {c} 0 3px, #ffffff 3px 5px)"  # a not-significant cell
+
+
+def _color(x: float, vmax: float) -> str:
+    if not np.isfinite(x):
+        return "#e5e5e5"
+    f = min(max(x / vmax, 0.0), 1.0) if vmax > 0 else 0.0
+    for (f0, c0), (f1, c1) in itertools.pairwise(_STOPS):
+        if f <= f1:
+            w = (f - f0) / (f1 - f0)
+            r, g, b = (round(a + w * (b_ - a)) for a, b_ in zip(c0, c1, strict=True))
+            return f"#{r:02x}{g:02x}{b:02x}"
+    return "#000004"
+
+
+def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[float] | None = None) -> None:
+    """Write the report (see the module docstring) of the replay in ``outdir`` to ``out``."""
+    d = Path(outdir)
+    info, cols, events, tables = load_output(d)
+    try:
+        page = _page(d, info, cols, events, tables, top, at)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # what load_output let by
+        raise InputError(f"cannot draw the replay output in {d}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    try:
+        write_file(out, page.encode("utf-8"))
+    except OSError as exc:
+        raise InputError(f"cannot write {out}: {exc.strerror or exc} (-o FILE)") from None
+
+
+def _page(
+    d: Path, info: dict[str, Any], cols: dict[str, np.ndarray], events: list[dict[str, Any]], tables: dict[str, Any],
+    top: int, at: list[float] | None,
+) -> str:  # fmt: skip
+    t_ns, mi, dep, n_eff = cols["t_ns"], cols["mi"].astype(float), cols["dependent"], cols["n_eff"]
+    pair_of, pairs = cols["pair"], [str(p) for p in cols["pairs"]]  # (rows,) index into the labels "a\x1fb"
+    index = {p: k for k, p in enumerate(pairs)}
+    judged = bool((dep >= 0).any())  # False for output written without the detector's verdict
+    hops = np.unique(t_ns)
+    t0 = float(info.get("t_start", hops[0] / 1e9))
+    peak = np.full(len(pairs), -np.inf)
+    np.maximum.at(peak, pair_of, np.nan_to_num(mi, nan=-np.inf))
+    event_pairs = list(dict.fromkeys(f"{e['a']}\x1f{e['b']}" for e in events))
+    strongest = [pairs[k] for k in np.argsort(-peak, kind="stable")[:top]]
+    drawn = list(dict.fromkeys(strongest + event_pairs))
+    channels = [str(c) for c in info.get("channels", [])] or sorted({c for p in pairs for c in p.split("\x1f")})
+    if len(channels) > MAX_MATRIX_CHANNELS:
+        keep = {c for p in drawn for c in p.split("\x1f")}
+        channels = [c for c in channels if c in keep]
+    vmax = float(np.nanmax(np.where(np.isfinite(mi), mi, np.nan))) if np.isfinite(mi).any() else 1.0
+    vmax = max(vmax, 0.2)
+
+    instants = _instants(hops, at, t0)
+    parts = [_header(info, d, len(hops), len(events), len(pairs))]
+    parts.append("<h2>Matrix at chosen instants</h2><div class='row'>")
+    for tk in instants:
+        parts.append(_matrix_html(tk, t_ns, pair_of, pairs, mi, dep, n_eff, channels, vmax, t0))
+    parts.append("</div>" + _legend(vmax, judged))
+    parts.append(f"<h2>MI over time</h2><p class='note'>The {len(strongest)} strongest pairs (largest MI in the "
+                 f"replay) and every pair with events ({len(event_pairs)}); event markers: "
+                 + " ".join(f"<span style='color:{c}'>&#9679; {k}</span>" for k, c in _KIND_COLOR.items())
+                 + "; hollow: initial (dependent from the pair's first assessment, not an onset)"
+                 + ("; the band under a line: hops where the pair was dependent" if judged else "")
+                 + "</p>")  # fmt: skip
+    order = np.argsort(t_ns, kind="stable")
+    for n, p in enumerate(drawn):
+        rows = order[pair_of[order] == index.get(p, -1)]
+        pe = [e for e in events if f"{e['a']}\x1f{e['b']}" == p]
+        color = _PAIR_COLORS[n % len(_PAIR_COLORS)]
+        parts.append(_line_svg(p, t_ns[rows], mi[rows], dep[rows], n_eff[rows], pe, hops, t0, color))
+    parts.append(f"<h2>Events ({len(events)})</h2>")
+    parts.append(_event_strip(events, hops, t0))
+    parts.append(_event_table(events, t0))
+    if tables.get("pairs"):
+        when = float(tables.get("time", 0.0)) - t0
+        parts.append(f"<h2>Lookup tables</h2><p class='note'>The model's table &theta; on the last window "
+                     f"(t = {when:.1f} s) for the pairs with events and the strongest: rows are a's rank, "
+                     "columns b's; dark is where the pair's values occur together more often than under "
+                     "independence.</p><div class='row'>")  # fmt: skip
+        for tb in tables["pairs"]:
+            parts.append(_table_svg(tb))
+        parts.append("</div>")
+    page = _PAGE.replace("{{title}}", html.escape(f"streamcorr report: {Path(str(info.get('log', d))).name}"))
+    return page.replace("{{body}}", "\n".join(parts))
+
+
+def _instants(hops: np.ndarray, at: list[float] | None, t0: float) -> list[int]:
+    """Hop times (ns) nearest to the requested stream times; seconds below the log's start count from it."""
+    if not at:
+        idx = np.unique(np.linspace(0, len(hops) - 1, min(4, len(hops))).round().astype(int))
+        return [int(hops[k]) for k in idx]
+    out = []
+    for s in at:
+        t = (s + t0 if s < t0 else s) * 1e9
+        out.append(int(hops[int(np.argmin(np.abs(hops.astype(np.float64) - t)))]))
+    return list(dict.fromkeys(out))
+
+
+def _esc(s: str) -> str:
+    return html.escape(s, quote=True)
+
+
+def _header(info: dict[str, Any], d: Path, n_hops: int, n_events: int, n_pairs: int) -> str:
+    span = float(info.get("t_end", 0)) - float(info.get("t_start", 0))
+    clock = f"{info.get('rate_hz', '?')} Hz; window {info.get('window_len', '?')} samples"
+    hop = f"hop {info.get('hop_samples', '?')} ({info.get('hop_s', '?')} s)"
+    speed = f"{info.get('x_real_time', '?')}x real time ({info.get('wall_s', '?')} s)"
+    rows = [
+        ("log", f"{info.get('log', '?')} ({info.get('log_kind', '?')})"),
+        ("channels", str(len(info.get("channels", [])))),
+        ("clock", f"{clock}, {hop}"),
+        ("stream", f"{span:.1f} s from t = {float(info.get('t_start', 0)):.3f}"),
+        ("evaluated", f"{n_hops} hops, {n_pairs} pairs, {n_events} events"),
+        ("replay", speed + ("; stopped early (Ctrl-C)" if info.get("interrupted") else "")),
+        ("output", str(d)),
+    ]
+    cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    return f"<h1>streamcorr replay report</h1><table class='info'>{cells}</table>"
+
+
+def _matrix_html(
+    tk: int, t_ns: np.ndarray, pair_of: np.ndarray, pairs: list[str], mi: np.ndarray, dep: np.ndarray,
+    n_eff: np.ndarray, channels: list[str], vmax: float, t0: float,
+) -> str:  # fmt: skip
+    idx = {c: k for k, c in enumerate(channels)}
+    n = len(channels)
+    m, ne, d = np.full((n, n), np.nan), np.full((n, n), np.nan), np.full((n, n), -1, dtype=np.int8)
+    for k in np.flatnonzero(t_ns == tk):
+        a, b = pairs[pair_of[k]].split("\x1f")
+        i, j = idx.get(a), idx.get(b)
+        if i is not None and j is not None:
+            m[i, j] = m[j, i] = mi[k]
+            ne[i, j] = ne[j, i] = n_eff[k]
+            d[i, j] = d[j, i] = dep[k]
+    head = "".join(f"<th class='v'><div>{_esc(c)}</div></th>" for c in channels)
+    body = []
+    for i, c in enumerate(channels):
+        cells = []
+        for j, c2 in enumerate(channels):
+            v, color = m[i, j], _color(m[i, j], vmax)
+            tip = f"{c} ~ {c2}: " + ("-" if not np.isfinite(v) else f"{v:.3f} nats")
+            tip += {1: "; dependent", 0: "; not significant"}.get(int(d[i, j]), "")
+            tip += f"; n_eff {ne[i, j]:.0f}" if np.isfinite(ne[i, j]) else ""
+            ns = np.isfinite(v) and d[i, j] == 0
+            attrs = f"style='background:{_HATCH.format(c=color)}' class='ns'" if ns else f"style='background:{color}'"
+            cells.append(f"<td {attrs} title='{_esc(tip)}'></td>")
+        body.append(f"<tr><th class='h'>{_esc(c)}</th>{''.join(cells)}</tr>")
+    return (f"<figure class='matrix'><figcaption>t = {tk / 1e9 - t0:.1f} s</figcaption><table class='mat'>"
+            f"<tr><th></th>{head}</tr>{''.join(body)}</table></figure>")  # fmt: skip
+
+
+def _legend(vmax: float, judged: bool) -> str:
+    stops = "".join(f"<span style='background:{_color(vmax * k / 10, vmax)}'></span>" for k in range(11))
+    hatch = (f"; <span class='ns' style='background:{_HATCH.format(c=_color(vmax / 2, vmax))}'></span> hatched: "
+             "not significant (the change detector did not find the pair dependent; n_eff, the effective sample "
+             "size, in each cell's tooltip)") if judged else ""  # fmt: skip
+    return f"<div class='legend'>0 {stops} {vmax:.2f} nats (grey: not evaluated){hatch}</div>"
+
+
+_W, _H, _PAD_L, _PAD_B = 900, 110, 48, 18
+
+
+def _x(t_ns: float, hops: np.ndarray) -> float:
+    lo, hi = float(hops[0]), float(hops[-1])
+    return _PAD_L + (t_ns - lo) / (hi - lo) * (_W - _PAD_L - 10) if hi > lo else _PAD_L
+
+
+# tick steps in seconds, and the unit each is labelled in (so labels stay short: "90 s", "15 min", "6 h")
+_STEPS_S = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+MAX_TICKS = 9  # labelled ticks on a time axis at most (labels of 5-7 characters on 850 px)
+
+
+def time_ticks(lo_s: float, hi_s: float) -> list[tuple[float, str]]:
+    """(seconds, label) of the ticks on a time axis from lo_s to hi_s: the first step of ``_STEPS_S`` that gives
+    at most MAX_TICKS, labelled with their unit.
+
+    >>> [label for _, label in time_ticks(0, 400)]
+    ['0 min', '1 min', '2 min', '3 min', '4 min', '5 min', '6 min']
+    >>> [label for _, label in time_ticks(2.5, 9)]
+    ['3 s', '4 s', '5 s', '6 s', '7 s', '8 s', '9 s']
+    """
+    span = hi_s - lo_s
+    step = next((st for st in _STEPS_S if span / st <= MAX_TICKS - 1), 0.0)
+    if not step:  # beyond 8 days: 1, 2 or 5 times a power of ten days
+        days = span / (MAX_TICKS - 1) / 86400
+        power = 10 ** np.floor(np.log10(days))
+        step = 86400 * power * next(m for m in (1, 2, 5, 10) if m * power >= days)
+    unit, name = next(u for u in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")) if step >= u[0] or u[0] == 1)
+    first = np.ceil(lo_s / step - 1e-9) * step + 0.0  # + 0.0: never -0
+    ticks = np.arange(first, hi_s + step * 1e-9, step)
+    return [(float(v), f"{v / unit:.6f}".rstrip("0").rstrip(".") + f" {name}") for v in ticks]
+
+
+def _time_axis(hops: np.ndarray, t0: float, y_line: float, y_text: float) -> str:
+    """The time axis under a plot: a base line and, at each of ``time_ticks``, a tick, a faint grid line and
+    its label (stream seconds from the log's start)."""
+    out = [f"<line x1='{_PAD_L}' y1='{y_line}' x2='{_W - 10}' y2='{y_line}' stroke='#999'/>"]
+    for v, label in time_ticks(hops[0] / 1e9 - t0, hops[-1] / 1e9 - t0):
+        x = _x((v + t0) * 1e9, hops)
+        anchor = "end" if x > _W - 30 else "start" if x < _PAD_L + 10 else "middle"
+        out.append(f"<line class='tick' x1='{x:.1f}' y1='2' x2='{x:.1f}' y2='{y_line + 3}' stroke='#eee'/>"
+                   f"<text class='tick' x='{x:.1f}' y='{y_text}' text-anchor='{anchor}'>{label}</text>")  # fmt: skip
+    return "".join(out)
+
+
+def _line_svg(
+    pair: str, t: np.ndarray, mi: np.ndarray, dep: np.ndarray, n_eff: np.ndarray, events: list[dict[str, Any]],
+    hops: np.ndarray, t0: float, color: str,
+) -> str:  # fmt: skip
+    a, b = pair.split("\x1f")
+    top = max(float(np.nanmax(mi)) if np.isfinite(mi).any() else 0.0, 0.2) * 1.1
+
+    def y(v: float) -> float:
+        return 6 + (1 - v / top) * (_H - _PAD_B - 6)
+
+    segs, cur = [], []
+    for tt, v in zip(t, mi, strict=True):
+        if np.isfinite(v):
+            cur.append(f"{_x(float(tt), hops):.1f},{y(float(v)):.1f}")
+        elif cur:
+            segs.append(cur)
+            cur = []
+    if cur:
+        segs.append(cur)
+    lines = "".join(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{' '.join(s)}'/>"
+                    for s in segs)  # fmt: skip
+    marks = "".join(
+        f"<circle cx='{_x(e['t_ns'], hops):.1f}' cy='{y(e['current']):.1f}' r='4' "
+        + (f"fill='#fff' stroke='{c}' stroke-width='2' class='initial'" if e.get("initial") else f"fill='{c}'")
+        + f"><title>{_esc(_event_text(e, t0))}</title></circle>"
+        for e in events
+        for c in [_KIND_COLOR.get(e["change"], "#000")]
+    )
+    band = _dependent_band(t, dep, hops, color)
+    axis = (_time_axis(hops, t0, _H - _PAD_B, _H - 4)
+            + f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
+            f"<text x='{_PAD_L - 4}' y='{y(top / 1.1) + 4:.0f}' text-anchor='end'>{top / 1.1:.2f}</text>")  # fmt: skip
+    name = _esc(f"{a} ~ {b}")
+    known = dep >= 0
+    sig = ""
+    if known.any():  # the share of judged hops, and n_eff at the last hop that had one
+        sig = f", dependent in {100 * float(np.mean(dep[known] == 1)):.0f}% of hops"
+        last = n_eff[np.isfinite(n_eff)]
+        sig += f", n_eff {last[-1]:.0f}" if len(last) else ""
+    return (f"<figure class='line'><figcaption style='color:{color}'>{name} <span class='note'>peak "
+            f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events{sig}</span>"
+            f"</figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label='{name}'>"
+            f"{axis}{band}{lines}{marks}</svg></figure>")  # fmt: skip
+
+
+def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str) -> str:
+    """Rectangles along the axis over the runs of hops where the pair was dependent."""
+    out, k = [], 0
+    while k < len(t):
+        if dep[k] != 1:
+            k += 1
+            continue
+        start = k
+        while k < len(t) and dep[k] == 1:
+            k += 1
+        x0, x1 = _x(float(t[start]), hops), _x(float(t[k - 1]), hops)
+        out.append(f"<rect class='dep' x='{x0:.1f}' y='{_H - _PAD_B - 4}' width='{max(x1 - x0, 2):.1f}' height='4' "
+                   f"fill='{color}' fill-opacity='0.35'><title>dependent</title></rect>")  # fmt: skip
+    return "".join(out)
+
+
+def _event_text(e: dict[str, Any], t0: float) -> str:
+    initial = " (initial)" if e.get("initial") else ""
+    return f"{e['time'] - t0:.1f} s: {e['change']}{initial} {e['previous']:.3f} -> {e['current']:.3f}"
+
+
+def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> str:
+    h = 40
+    ticks = "".join(
+        f"<line x1='{_x(e['t_ns'], hops):.1f}' y1='6' x2='{_x(e['t_ns'], hops):.1f}' y2='{h - 14}' "
+        f"stroke='{_KIND_COLOR.get(e['change'], '#000')}' stroke-width='2'><title>"
+        f"{_esc(e['a'] + ' ~ ' + e['b'] + ': ' + _event_text(e, t0))}</title></line>"
+        for e in events
+    )  # fmt: skip
+    axis = _time_axis(hops, t0, h - 14, h - 2)
+    return f"<svg id='event-strip' viewBox='0 0 {_W} {h}' width='{_W}' height='{h}'>{axis}{ticks}</svg>"
+
+
+def _event_table(events: list[dict[str, Any]], t0: float) -> str:
+    if not events:
+        return "<p class='note'>No change events in this replay.</p>"
+    initial = " <span class='initial' title='dependent from the first assessment, not an onset'>(initial)</span>"
+    rows = "".join(
+        f"<tr><td>{e['time'] - t0:.1f}</td><td>{_esc(e['a'])} ~ {_esc(e['b'])}</td>"
+        f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}"
+        + (initial if e.get("initial") else "")
+        + "</td>"
+        f"<td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td></tr>"
+        for e in events
+    )
+    return ("<table class='events'><tr><th>t (s)</th><th>pair</th><th>change</th><th>MI (nats)</th></tr>"
+            f"{rows}</table>")  # fmt: skip
+
+
+def _png_data_uri(rgb: np.ndarray) -> str:
+    """A (H, W, 3) uint8 image as an inline PNG (data: URI): zlib and the PNG chunk layout, no image library."""
+    h, w, _ = rgb.shape
+    raw = b"".join(b"\x00" + rgb[r].tobytes() for r in range(h))  # filter byte 0 per scanline
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _table_svg(tb: dict[str, Any]) -> str:
+    theta = np.asarray(tb["table"], dtype=float)[::-1]  # (G, G); image rows top-down: a's rank upwards
+    lim = max(float(np.abs(theta).max()), 1e-9)
+    v = theta / lim  # -1 .. 1: blue where the pair occurs less often than under independence, red more
+    pos, neg = np.clip(v, 0, 1), np.clip(-v, 0, 1)
+    rgb = np.stack([255 - 60 * pos - 200 * neg, 255 - 210 * pos - 120 * neg, 255 - 200 * pos - 40 * neg], axis=-1)
+    uri = _png_data_uri(np.clip(rgb, 0, 255).astype(np.uint8))
+    name = _esc(f"{tb['a']} ~ {tb['b']}")
+    return (
+        f"<figure class='theta'><figcaption>{name}<br><span class='note'>MI {tb['mi']:.3f} nats; "
+        f"&theta; in &plusmn;{lim:.2f}</span></figcaption><div class='cells'><img src='{uri}' width='180' "
+        f"height='180' alt='lookup table {name}'>{_table_hover(theta, str(tb['a']), str(tb['b']))}</div></figure>"
+    )
+
+
+def _table_hover(theta: np.ndarray, a: str, b: str) -> str:
+    """An SVG over the table's image with one transparent cell per node whose <title> (the hover text) gives both
+    channels' ranks there and theta; ``theta`` (G, G) as drawn, a's rank upwards."""
+    g = theta.shape[0]
+    ranks = np.linspace(0.0, 1.0, g)  # the table's nodes
+    sa, sb = _esc(a if len(a) <= 24 else a[:23] + "\u2026"), _esc(b if len(b) <= 24 else b[:23] + "\u2026")
+    cells = "".join(
+        f"<rect x='{c}' y='{r}' width='1' height='1'><title>{sa} rank {ranks[g - 1 - r]:.2f}, {sb} rank "
+        f"{ranks[c]:.2f}: &theta; {theta[r, c]:+.3f}</title></rect>"
+        for r in range(g)
+        for c in range(g)
+    )
+    return f"<svg class='hover' viewBox='0 0 {g} {g}' width='180' height='180' preserveAspectRatio='none'>{cells}</svg>"
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{{title}}</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+.note { color: #666; font-size: 12px; } .row { display: flex; flex-wrap: wrap; gap: 18px; }
+table.info th { text-align: left; padding-right: 12px; color: #555; font-weight: 600; }
+table.mat { border-collapse: collapse; } table.mat td { width: 14px; height: 14px; padding: 0; border: 1px solid #fff; }
+table.mat th.h { font-size: 10px; text-align: right; padding-right: 4px; font-weight: normal; white-space: nowrap; }
+table.mat th.v { height: 90px; vertical-align: bottom; font-size: 10px; font-weight: normal; }
+table.mat th.v div { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
+figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
+.legend span { display: inline-block; width: 18px; height: 10px; } .legend { font-size: 12px; margin-top: 6px; }
+.initial { color: #666; font-size: 12px; }
+svg text { font-size: 11px; fill: #555; } figure.line { margin-bottom: 10px; }
+figure.theta .cells { position: relative; width: 182px; height: 182px; }
+figure.theta img { image-rendering: pixelated; border: 1px solid #ccc; position: absolute; left: 0; top: 0; }
+svg.hover { position: absolute; left: 1px; top: 1px; } svg.hover rect { fill: transparent; }
+svg.hover rect:hover { stroke: #000; stroke-width: 0.08; }
+table.events { border-collapse: collapse; font-size: 13px; }
+table.events td, table.events th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: left; }
+</style></head>
+<body>
+{{body}}
+<p class="note">Written by streamcorr report; self-contained (no network requests).</p>
+</body></html>
+"""
