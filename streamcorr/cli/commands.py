@@ -10,9 +10,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -120,25 +118,19 @@ def _list(names: list[str], limit: int = 20) -> str:
 
 def _read_table(path: str, limits: ReadLimits | None = None) -> _Table:
     """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file, through the
-    replay's bounded table reader (without pyarrow: CSV through the csv module, bounded the same way). Cells
-    that are not numbers read as NaN; the time column (t, time, ...) is named apart."""
+    replay's bounded table reader (the one table reader). Cells that are not numbers read as NaN; the time
+    column (t, time, ...) is named apart, as the replay names it."""
+    import pyarrow.types as pt
+
     from ..offline.logs import TIME_COLUMNS, read_table
 
-    lim = limits or ReadLimits()
-    try:
-        import pyarrow.types as pt
-    except ImportError:
-        if path.endswith((".parquet", ".pq")):
-            raise StreamcorrError("reading Parquet needs pyarrow: pip install pyarrow (or convert to CSV)") from None
-        columns, ragged = _csv_columns(path, lim)
-    else:
-        tab, ragged = read_table(path, limits=lim)
-        columns = [
-            (name, np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
-             if pt.is_integer(col.type) or pt.is_floating(col.type)
-             else np.asarray(col.cast("string").fill_null("").to_numpy(zero_copy_only=False), dtype=object))
-            for name, col in zip(tab.column_names, tab.columns, strict=True)
-        ]  # fmt: skip
+    tab, ragged = read_table(path, limits=limits or ReadLimits())
+    columns = [
+        (name, np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+         if pt.is_integer(col.type) or pt.is_floating(col.type)
+         else np.asarray(col.cast("string").fill_null("").to_numpy(zero_copy_only=False), dtype=object))
+        for name, col in zip(tab.column_names, tab.columns, strict=True)
+    ]  # fmt: skip
     if not columns or len(columns[0][1]) == 0:
         raise StreamcorrError(f"{path} has a header row but no data rows")
     if ragged:
@@ -166,50 +158,6 @@ def _read_table(path: str, limits: ReadLimits | None = None) -> _Table:
     lower = {n.lower(): n for n in names}
     time = next((lower[c] for c in TIME_COLUMNS if c in lower), None)
     return _Table(path, names, np.stack(values), skipped, time)
-
-
-def _csv_columns(path: str, lim: ReadLimits) -> tuple[list[tuple[str, np.ndarray]], int]:
-    """(name, cells) of each column of a CSV through the csv module, rows and cells bounded like the pyarrow
-    reader's; and the number of rows with another number of fields than the header (padded or cut)."""
-    import csv
-
-    from ..offline.logs import CSV_BLOCK_BYTES
-
-    def lines(f: Any) -> Iterator[str]:
-        while line := f.readline(CSV_BLOCK_BYTES + 1):
-            if len(line) > CSV_BLOCK_BYTES:
-                raise StreamcorrError(f"{path}: a row is longer than {CSV_BLOCK_BYTES >> 20} MiB: not a CSV file?")
-            yield line
-
-    rows: list[list[str]] = []
-    try:
-        if os.path.exists(path) and not os.path.isfile(path):
-            raise StreamcorrError(f"{path} is not a regular file (a directory or a device?); give a CSV file")
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            header_line = f.readline(1 << 20)
-            f.seek(0)
-            if not header_line.strip():
-                raise StreamcorrError(f"{path} is empty: expected a header row naming the columns, then data rows")
-            delimiter = max(",;\t|", key=header_line.count) if any(c in header_line for c in ",;\t|") else ","
-            cells = 0
-            for row in csv.reader(lines(f), delimiter=delimiter):
-                cells += len(row)
-                if cells > lim.max_samples or len(row) > lim.max_channels + 64:
-                    msg = (f"{path} holds more than {lim.max_samples:,} cells, or a row of more than "
-                           f"{lim.max_channels + 64} fields (--max-samples, --max-channels)")  # fmt: skip
-                    raise StreamcorrError(msg)
-                rows.append(row)
-    except OSError as exc:
-        raise StreamcorrError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise StreamcorrError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}): not a CSV file?") from None
-    except csv.Error as exc:
-        raise StreamcorrError(f"{path} is not a readable CSV file: {exc}") from None
-    header, body = [h.strip() for h in rows[0]], [r for r in rows[1:] if any(cell.strip() for cell in r)]
-    width = len(header)
-    ragged = sum(len(r) != width for r in body)
-    table = np.array([(r + [""] * width)[:width] for r in body], dtype=object).reshape(len(body), width).T  # (C, T)
-    return [(name, table[k]) for k, name in enumerate(header)], ragged
 
 
 def _decimal_commas(cells: np.ndarray) -> bool:

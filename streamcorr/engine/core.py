@@ -193,15 +193,14 @@ class Engine:
         self._pairs = self.cfg.pairs.resolve(names) if len(names) > 1 else np.zeros((0, 2), dtype=np.int64)
         n_cfg = len(self.cfg.channels)  # configured channels come first in matrix order (and never retire)
         self._protected = np.asarray((self._pairs < n_cfg).all(axis=1), dtype=bool).reshape(len(self._pairs))
-        self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)))  # the budget is applied in _next_pairs
+        # the budget is applied in _next_pairs
+        self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)), min_effect=self.cfg.min_effect)
         self.detector.alpha = self._alpha(max(1, len(self._pairs)))  # the matrix's false-alarm budget, shared
-        self._scheduler.min_effect = self.cfg.min_effect
         pair_names = [(names[a], names[b]) for a, b in self._pairs.tolist()]
         keep = [(k, old[p]) for k, p in enumerate(pair_names) if p in old and p[0] in kept and p[1] in kept]
         if keep:
             new_idx, old_idx = np.array(keep).T
-            for name in ("last_refresh_ns", "last_mi", "held_dependent"):
-                getattr(self._scheduler, name)[new_idx] = getattr(prev, name)[old_idx]
+            self._scheduler.adopt(prev, new_idx, old_idx)
 
     def _next_pairs(self, order: np.ndarray | None = None) -> np.ndarray:
         """Pair indices in priority ``order`` (default: the scheduler's stalest first; with screening: the screen's
@@ -254,10 +253,9 @@ class Engine:
         was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
         if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
             hop_ns = self.cfg.hop_samples * self.resampler.period_ns
-            overdue, deferred = self._scheduler.overdue, self._scheduler.deferred
             plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
-            cnt.max_age_overdue += self._scheduler.overdue - overdue
-            cnt.screen_deferred += self._scheduler.deferred - deferred
+            cnt.max_age_overdue += plan.overdue
+            cnt.screen_deferred += plan.deferred
             pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
             pp = self._pairs[pick]
             was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen

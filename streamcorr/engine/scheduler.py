@@ -89,6 +89,8 @@ class Scheduler:
     first_planned_ns: np.ndarray = field(init=False)  # (P,) when plan() first saw the pair: a new pair's age base
     overdue: int = 0  # pairs that were due for rotation but did not fit the budget, summed over hops
     deferred: int = 0  # pairs that passed the screen but did not fit the budget, summed over hops
+    last_overdue: int = 0  # the same, of the last plan() alone
+    last_deferred: int = 0
 
     def __post_init__(self) -> None:
         if self.max_pairs_per_hop < 1:
@@ -98,6 +100,13 @@ class Scheduler:
         self.last_mi = np.full(n, np.nan)
         self.held_dependent = np.zeros(n, dtype=bool)
         self.first_planned_ns = np.full(n, -1, dtype=np.int64)
+
+    def adopt(self, prev: Scheduler, new_idx: np.ndarray, old_idx: np.ndarray) -> None:
+        """Carry pairs' state over from the scheduler of the previous channel set: pair ``old_idx[k]`` of
+        ``prev`` is pair ``new_idx[k]`` here (channels came or went)."""
+        self.last_refresh_ns[new_idx] = prev.last_refresh_ns[old_idx]
+        self.last_mi[new_idx] = prev.last_mi[old_idx]
+        self.held_dependent[new_idx] = prev.held_dependent[old_idx]
 
     def next_pairs(self) -> np.ndarray:
         """Indices into `pairs` to evaluate this hop: never-refreshed first, then oldest; stable by index."""
@@ -142,7 +151,8 @@ class Scheduler:
         second = second[np.lexsort((-np.asarray(stat)[second], seen))]  # unseen first, strongest first within
         room = max(0, budget - len(first))
         take = min(len(second), max(room, math.ceil(PASSING_SHARE * budget)))
-        self.deferred += len(second) - take
+        self.last_deferred = len(second) - take
+        self.deferred += self.last_deferred
         second = second[:take]
         rest = np.flatnonzero(ok & ~hot & ~new)
         # rotation: stalest first (never-refreshed first of all), a steady share plus whatever is due; a pair
@@ -156,7 +166,8 @@ class Scheduler:
         share = max(due, math.ceil(n * hop_ns / max_age_ns))
         room = max(0, budget - len(first) - len(second))
         third = rest[: min(share, room)]
-        self.overdue += max(0, due - room)
+        self.last_overdue = max(0, due - room)
+        self.overdue += self.last_overdue
         picked = np.concatenate([first, second, third])
         if cap is not None and len(picked) > cap:
             picked = picked[:cap]

@@ -275,6 +275,8 @@ class ScreenPlan:
     screened_mi: np.ndarray  # (m,) that figure, nats (``screen_mi``)
     passed: int  # pairs that passed the screen this hop
     budget: int  # network pairs allowed this hop
+    overdue: int = 0  # pairs due for their max_age estimate that did not fit the budget
+    deferred: int = 0  # pairs that passed the screen but did not fit the budget (they wait)
 
 
 class Screener:
@@ -404,4 +406,6 @@ class Screener:
         picked[pick] = True
         screened = np.flatnonzero(screenable & ~picked & ~passed)
         mi = screen_mi(stat[screened], self.window_len, cal.n_basis)
-        return ScreenPlan(pick, screened, mi, int(passed.sum()), budget)
+        return ScreenPlan(
+            pick, screened, mi, int(passed.sum()), budget, scheduler.last_overdue, scheduler.last_deferred
+        )
