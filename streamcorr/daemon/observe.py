@@ -41,6 +41,7 @@ from ..engine.matrix import Snapshot
 from ..ingest.source import Source
 from ..publish.sinks import SinkCounters, SinkGuard
 from ..transport.http import HttpGuard
+from . import series
 
 if TYPE_CHECKING:
     from ..engine.core import Engine
@@ -85,9 +86,6 @@ class DaemonView(Protocol):
 
 
 _SINK_FIELDS = frozenset(f.name for f in dataclasses.fields(SinkCounters))
-# levels; every other ledger entry only grows. queued_bytes: what a ZeroMQ or web output holds for its clients now;
-# subscriptions, queue_limit_messages: the ZeroMQ output's subscribed topics and its high-water mark per subscriber
-_LEDGER_GAUGES = frozenset({"clients", "bytes_on_disk", "queued_bytes", "subscriptions", "queue_limit_messages"})
 
 
 def output_ledger(c: SinkCounters) -> dict[str, float]:
@@ -166,15 +164,10 @@ class DaemonMetrics(Collector):
                 drops.add_metric([f"decode:{name}", reason], k)
             connected.add_metric([name], float(src.connected))
             for field, n in flat_counters(c).items():
-                if field in _INGEST_SHOWN or "." in field:
-                    continue
-                fam = ledger.get(field)
-                if fam is None:
-                    fam = ledger[field] = CounterMetricFamily(
-                        f"streamcorr_source_{field}", _INGEST_HELP.get(field, f"Ingest ledger: {field}"),
-                        labels=["source"],
-                    )  # fmt: skip
-                fam.add_metric([name], n)
+                if field in series.INGEST:
+                    if (fam := ledger.get(field)) is None:
+                        fam = ledger[field] = CounterMetricFamily(*series.INGEST[field], labels=["source"])
+                    fam.add_metric([name], n)
         engine = d.engine_or_none
         if engine is not None:
             for reason, n in engine.sample_drops().items():
@@ -182,26 +175,15 @@ class DaemonMetrics(Collector):
         yield from (ingested, drops, msgs, connected, *ledger.values())
         if engine is not None:
             ec = engine.counters
-            yield CounterMetricFamily("streamcorr_hops", "Windows evaluated", value=ec.hops)
-            yield CounterMetricFamily(
-                "streamcorr_hops_skipped", "Hops superseded because compute was behind", value=ec.hops_skipped
-            )
-            yield CounterMetricFamily("streamcorr_pairs_evaluated", "Pair estimates made", value=ec.pairs_evaluated)
             yield GaugeMetricFamily("streamcorr_channels", "Channels in the matrix", value=len(engine.channels))
-            yield CounterMetricFamily("streamcorr_channels_retired", "Auto-added channels retired after "
-                                      "channels.retire_after_s of silence", value=ec.channels_retired)  # fmt: skip
-            yield CounterMetricFamily("streamcorr_channels_reanchored", "Channels whose clock stepped, re-anchored "
-                                      "onto the stream clock (channels.reanchor_after_s)",
-                                      value=ec.channels_reanchored)  # fmt: skip
             lost = CounterMetricFamily(
                 "streamcorr_engine_dropped", "Engine outputs and pairs lost, by kind", labels=["kind"]
             )
-            shown = {*_ENGINE_SHOWN, *engine.sample_drops()}
             for field, x in flat_counters(ec).items():
-                if field.endswith("_dropped") or field == "pairs_low_coverage":
+                if field in series.ENGINE_LOST:
                     lost.add_metric([field], x)
-                elif field not in shown and "." not in field:  # any other engine counter, by its own name
-                    yield CounterMetricFamily(f"streamcorr_engine_{field}", f"Engine: {field}", value=x)
+                elif field in series.ENGINE:
+                    yield CounterMetricFamily(*series.ENGINE[field], value=x)
             yield lost
             stages = CounterMetricFamily("streamcorr_stage_seconds", "Time spent per engine stage", labels=["stage"])
             for stage, sec in ec.stage_s.items():
@@ -247,8 +229,10 @@ class DaemonMetrics(Collector):
         yield from (sent, dropped, errors, conn, alive)
         for guard in d.outputs:  # each output's own ledger (record: files; web: clients), by the output's name
             for field, v in output_ledger(guard.sink.counters).items():
-                family = GaugeMetricFamily if field in _LEDGER_GAUGES else CounterMetricFamily
-                yield family(f"streamcorr_{guard.name}_{field}", f"outputs.{guard.name}: {field}", value=v)
+                if field in series.OUTPUT:
+                    family = GaugeMetricFamily if field in series.OUTPUT_GAUGES else CounterMetricFamily
+                    suffix, about = series.OUTPUT[field]
+                    yield family(f"streamcorr_{guard.name}_{suffix}", f"outputs.{guard.name}: {about}", value=v)
         if d.http_guard is not None:
             g = d.http_guard.counters()
             yield GaugeMetricFamily("streamcorr_http_connections", "HTTP connections open now", value=g["open"])
@@ -285,22 +269,10 @@ def _compute_metrics(ev: PairEvaluator, backend: str) -> Iterator[Any]:
         yield fam
 
 
-# engine counters with their own series (or in the drops by reason); others become streamcorr_engine_<name>
+# engine counters named in the status message at the top level (the others as engine.<name>)
 _ENGINE_SHOWN = frozenset(
     {"hops", "hops_skipped", "pairs_evaluated", "last_hop_s", "channels_retired", "channels_reanchored"}
 )
-# ingest counters with their own series above; all other numeric ones become streamcorr_source_<name>
-_INGEST_SHOWN = frozenset({"messages", "samples_handed", "queue_full", "dropped", "samples_rejected"})
-_INGEST_HELP = {
-    "samples_decoded": "Samples decoded from messages",
-    "samples_accepted": "Samples the engine accepted",
-    "sink_errors": "Engine calls that raised (their samples handed, not accepted)",
-    "seq_gaps": "Messages missing by the payloads' seq numbers (lost before reaching streamcorr)",
-    "seq_resets": "Times a payload seq went back (a publisher restart)",
-    "connects": "Connections made",
-    "disconnects": "Connections lost",
-    "connect_failures": "Connection attempts that failed",
-}
 
 
 def status_counters(d: DaemonView) -> dict[str, float]:
