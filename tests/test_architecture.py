@@ -83,6 +83,8 @@ def _is(module: str, *prefixes: str) -> bool:
 
 
 def _stage(module: str) -> int:
+    if module == "streamcorr.__main__":  # `python -m streamcorr`: the command line
+        return STAGES.index("cli")
     parts = module.split(".")
     return STAGES.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else 0
 

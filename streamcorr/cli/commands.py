@@ -1,7 +1,5 @@
-"""Command line: `streamcorr run|check|demo|estimate|matrix|replay|report|version`.
-
-main(argv) returns an exit code, so tests call it without a subprocess.
-"""
+"""Command line: `streamcorr run|check|demo|estimate|matrix|replay|report|version`; main(argv) returns an exit
+code, so tests call it without a subprocess."""
 
 from __future__ import annotations
 
@@ -117,9 +115,8 @@ def _list(names: list[str], limit: int = 20) -> str:
 
 
 def _read_table(path: str, limits: ReadLimits | None = None) -> _Table:
-    """A CSV (header row; delimiter ',', ';', tab or '|', found from the header) or Parquet file, through the
-    replay's bounded table reader (the one table reader). Cells that are not numbers read as NaN; the time
-    column (t, time, ...) is named apart, as the replay names it."""
+    """A CSV (delimiter ',', ';', tab or '|', from the header) or Parquet file through the replay's table reader:
+    cells that are not numbers read as NaN; the time column (t, time, ...) is named apart, as the replay names it."""
     import pyarrow.types as pt
 
     from ..offline.logs import TIME_COLUMNS, read_table

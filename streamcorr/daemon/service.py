@@ -168,9 +168,9 @@ class Daemon:
         """(HTTP status, body) of /healthz."""
         return health(self)
 
-    def healthy(self) -> tuple[bool, dict[str, Any]]:
-        code, body = health(self)
-        return code == 200, body
+    @property
+    def status_interval_s(self) -> float:  # outputs.status_interval_s: how often each output gets "online"
+        return self.cfg.outputs.status_interval_s
 
     @property
     def forwarder_stopped(self) -> bool:
@@ -400,7 +400,7 @@ class Daemon:
         self._forwarder = asyncio.create_task(
             forward(
                 engine, *self.outputs, _DaemonGauges(self),
-                status_interval_s=self.cfg.outputs.status_interval_s, status=self.status,
+                status_interval_s=self.status_interval_s, status=self.status,
             )
         )  # fmt: skip
         ingest = [asyncio.create_task(src.run(), name=f"source-{name}") for name, src in self.sources]
