@@ -406,7 +406,10 @@ class Engine:
                         self._offer(eq, ev, "events_dropped")
 
     async def flush(self) -> None:
-        """Wait until every window that is due has been evaluated and published (replay, tests)."""
+        """Wait until every window that is due has been evaluated and published (replay, tests); at once when the
+        engine is not running (nothing would evaluate them)."""
+        if self._task is None or self._task.done():
+            return
         if self.intake.has_due():
             self._due()
         await self._idle.wait()
