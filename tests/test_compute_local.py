@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from streamcorr.compute.local import EngineStopping, LocalEvaluator, StoppableEstimator
+from streamcorr.compute.local import EngineStopping, LocalEvaluator, stoppable
 from streamcorr.estimate.copula import rank_transform
 from streamcorr.estimate.estimator import default_estimator
 
@@ -39,7 +39,7 @@ def test_a_set_stop_flag_ends_estimation_before_the_next_batch():
     u = _ranks(rng, 4, 128)
     iu, iv = np.array([0, 1]), np.array([1, 2])
     stop = threading.Event()
-    est = StoppableEstimator(default_estimator(), stop)
+    est = stoppable(default_estimator(), stop)
     stop.set()
     with pytest.raises(EngineStopping):
         est.estimate_ranks(u, iu, iv)
@@ -47,3 +47,8 @@ def test_a_set_stop_flag_ends_estimation_before_the_next_batch():
         est.estimate_batch(u[:1], u[1:2])
     stop.clear()
     np.testing.assert_allclose(est.estimate_ranks(u, iu, iv), default_estimator().estimate_ranks(u, iu, iv), atol=1e-6)
+    assert default_estimator().between_batches is None  # the shared estimator keeps no engine's flag
+    ev = LocalEvaluator(default_estimator(), stop)
+    stop.set()
+    with pytest.raises(EngineStopping):
+        ev.estimate(u, iu, iv, np.zeros(4, dtype=bool))

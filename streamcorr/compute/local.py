@@ -19,10 +19,11 @@ on Ray actors: :mod:`streamcorr.compute.ray`. Counters (``counters()``) are expo
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from ..estimate.estimator import Estimator
 
 log = logging.getLogger("streamcorr.compute.local")
 
-__all__ = ["COUNTER_HELP", "GAUGES", "EngineStopping", "LocalEvaluator", "PairEvaluator", "StoppableEstimator"]
+__all__ = ["COUNTER_HELP", "GAUGES", "EngineStopping", "LocalEvaluator", "PairEvaluator", "stoppable"]
 
 COUNTER_HELP = {
     "pairs": "Pairs handed to the compute backend",
@@ -55,50 +56,25 @@ COUNTER_HELP = {
 GAUGES = frozenset({"workers", "workers_joining", "cells_stale_last_hop"})  # the others are counters
 
 
-_STOP_CHUNK = 1024  # pairs per model call while a stop request is watched for
+_STOP_CHUNK = 2048  # pairs per histogram pass while a stop request is watched for
 
 
 class EngineStopping(Exception):
     """Raised inside a hop when ``Engine.stop`` asks it to end early."""
 
 
-class StoppableEstimator(Estimator):
-    """The engine's handle on its estimator: the same model and settings (a shallow copy of its state, so
-    each engine has its own stop flag), with model calls cut into chunks between which ``stop`` is honoured."""
+def stoppable(est: Estimator, stopping: threading.Event) -> Estimator:
+    """The engine's handle on its estimator: a shallow copy (the same model and settings; its own hook, so each
+    engine has its own stop flag) that raises EngineStopping before its next network batch once ``stopping``
+    is set."""
 
-    def __init__(self, est: Estimator, stopping: threading.Event) -> None:  # no super().__init__: a view
-        vars(self).update(vars(est))
-        self._stopping = stopping
-
-    def _check(self) -> None:
-        if self._stopping.is_set():
+    def check() -> None:
+        if stopping.is_set():
             raise EngineStopping("engine stopping")
 
-    def _run(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray, tables: bool = False) -> Any:
-        self._check()  # also between the high-MI refinement's passes
-        return super()._run(hist, mx, my, tables)
-
-    def estimate_histograms(self, hist: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
-        out = []
-        for k in range(0, len(hist), _STOP_CHUNK):
-            self._check()
-            sl = slice(k, k + _STOP_CHUNK)
-            out.append(super().estimate_histograms(hist[sl], mx[sl], my[sl]))
-        return np.concatenate(out) if out else super().estimate_histograms(hist, mx, my)
-
-    def estimate_batch(self, x: object, y: object) -> np.ndarray:
-        self._check()
-        return super().estimate_batch(x, y)
-
-    def estimate_ranks(
-        self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray | None = None
-    ) -> np.ndarray:
-        out = []
-        for k in range(0, len(iu), 2 * _STOP_CHUNK):
-            self._check()
-            sl = slice(k, k + 2 * _STOP_CHUNK)
-            out.append(super().estimate_ranks(u, iu[sl], iv[sl], constant))
-        return np.concatenate(out) if out else super().estimate_ranks(u, iu, iv, constant)
+    view = copy.copy(est)
+    view.between_batches = check
+    return view
 
 
 class PairEvaluator(Protocol):
@@ -122,8 +98,9 @@ class PairEvaluator(Protocol):
 class LocalEvaluator:
     """The engine's own estimator, in the hop's thread (histograms + network on its device)."""
 
-    def __init__(self, est: Estimator) -> None:
+    def __init__(self, est: Estimator, stopping: threading.Event | None = None) -> None:
         self.est = est
+        self._stopping = stopping
         self._counts = {"hops": 0, "pairs": 0, "pairs_done": 0, "seconds": 0.0}
 
     def start(self) -> None:
@@ -131,7 +108,12 @@ class LocalEvaluator:
 
     def estimate(self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
-        mi = self.est.estimate_ranks(u, iu, iv, constant)
+        parts = []
+        for k in range(0, len(iu), _STOP_CHUNK):  # a stop is honoured between chunks of the histogram stage too
+            if self._stopping is not None and self._stopping.is_set():
+                raise EngineStopping("engine stopping")
+            parts.append(self.est.estimate_ranks(u, iu[k : k + _STOP_CHUNK], iv[k : k + _STOP_CHUNK], constant))
+        mi = np.concatenate(parts) if parts else np.zeros(0)
         c = self._counts
         c["hops"] += 1
         c["pairs"] += len(iu)

@@ -1,10 +1,7 @@
 """The in-process engine: push samples, get a live MI matrix and change events.
 
-Data flow per hop (synchronous, in a worker thread): ring buffers -> aligned
-window on the common clock -> ranks once per channel (incremental when the
-channel's new samples are all valid) -> scheduler picks pairs -> histograms ->
-InfoNet batch -> matrix state -> change detector -> snapshot and events, which
-async subscribers read from bounded queues (oldest dropped, drops counted).
+Each hop runs in a worker thread through the stages of :meth:`Engine.evaluate`; snapshots and events go to
+async subscribers through bounded queues (oldest dropped, drops counted).
 
 Stream time is the newest timestamp pushed, so simulated and replayed data run
 as fast as they arrive. A hop is evaluated once stream time passes its end plus
@@ -44,8 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..cache import cache_dir
-from ..compute.local import LocalEvaluator, PairEvaluator, StoppableEstimator
-from ..estimate.copula import SlidingRanks
+from ..compute.local import LocalEvaluator, PairEvaluator, stoppable
 from ..estimate.estimator import Estimator
 from ..estimate.significance import (
     N_FEATURES,
@@ -60,7 +56,8 @@ from ..estimate.surrogates import SurrogateNulls
 from ..logutil import RateLimitedLog
 from .buffers import ChannelCounters
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
-from .intake import Channel, EngineCounters, Intake
+from .hop import Hop
+from .intake import EngineCounters, Intake
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
@@ -93,9 +90,9 @@ class Engine:
     ) -> None:
         self.cfg = config
         self._stopping = threading.Event()
-        self.est: Estimator = StoppableEstimator(estimator or Estimator(**dict(config.estimator)), self._stopping)
+        self.est: Estimator = stoppable(estimator or Estimator(**dict(config.estimator)), self._stopping)
         # the hop's network pairs go here (streamcorr.compute.local); its creator starts and closes one passed in
-        self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est)
+        self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est, self._stopping)
         self._log = RateLimitedLog(log)
         self.state = MatrixState([])
         self.counters = EngineCounters()
@@ -214,114 +211,129 @@ class Engine:
         return np.concatenate([first, rest]) if len(rest) else first
 
     # -- evaluation (worker thread) -----------------------------------------------------------------
-    def _ranks(self, ch: Channel, values: np.ndarray, end_tick: int) -> np.ndarray | None:
-        """Copula values of a fully valid window, incrementally when the previous window was contiguous."""
-        period, n = self.resampler.period_ns, self.cfg.window_len
-        if not np.isfinite(values).all():
-            ch.ranks_end_tick = None
-            return None
-        if ch.ranks_end_tick is not None and 0 < (end_tick - ch.ranks_end_tick) // period < n:
-            h = (end_tick - ch.ranks_end_tick) // period
-            u = ch.ranks.update(values[None, -h:])[0]
-        else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
-            ch.ranks = SlidingRanks(1, n, ties=self.est.ties)
-            u = ch.ranks.update(values[None, :])[0]
-        ch.ranks_end_tick = end_tick
-        return u
-
     def evaluate(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
-        """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly."""
-        t0 = time.perf_counter()
-        cnt = self.counters
-        self._sync_channels(end_tick)
+        """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly.
+
+        The stages in order, each timed in ``counters.stage_s``: align the channels' window, rank each channel,
+        select the pairs (screen or rotation), estimate them (network, own rows, effective sizes), judge them
+        against their nulls, publish the matrix state."""
+        hop = Hop(end_tick, time.perf_counter())
+        self._align(hop)
+        self._rank(hop)
+        self._select(hop)
+        self._estimate(hop)
+        events = self._judge(hop)
+        return self._publish(hop), events
+
+    def _align(self, hop: Hop) -> None:
+        self._sync_channels(hop.end_tick)
         chans = [self.intake.channels[name] for name in self.state.channels]
-        window, fresh = self.resampler.window_fresh([c.buffer for c in chans], end_tick, self.cfg.window_len)  # (C, N)
-        valid = np.isfinite(window)
-        if self.cfg.repeated_rows == "keep":
-            fresh = valid
-        self._last_window = (tuple(self.state.channels), window)
-        raw = window
+        raw, fresh = self.resampler.window_fresh([c.buffer for c in chans], hop.end_tick, self.cfg.window_len)  # (C, N)
+        hop.valid = np.isfinite(raw)
+        hop.fresh = hop.valid if self.cfg.repeated_rows == "keep" else fresh
+        hop.repeats = (hop.valid & ~hop.fresh).any(axis=1)  # (C,): channels that repeat a sample in the window
+        self._last_window = (tuple(self.state.channels), raw)
+        hop.raw = hop.window = raw
         if self.est.prewhiten == "ar":  # innovations of every fully valid channel; they change with each fit
-            window = window.copy()
-            whole = valid.all(axis=1)
-            window[whole] = prewhiten(raw[whole])
+            hop.window = raw.copy()
+            whole = hop.valid.all(axis=1)
+            hop.window[whole] = prewhiten(raw[whole])
             for c in chans:
                 c.ranks_end_tick = None
-        t0 = cnt.add_time("align", t0)
-        ranks = [self._ranks(c, window[k], end_tick) for k, c in enumerate(chans)]
-        t0 = cnt.add_time("ranks", t0)
-        was_screened = screen_level = None  # with screening: which picked cells showed the screen last hop
-        if self.screener.active(len(self._pairs), self.est):  # the network runs on what the screen and rotation pick
-            hop_ns = self.cfg.hop_samples * self.resampler.period_ns
-            plan = self.screener.plan(ranks, self._pairs, self._scheduler, end_tick, hop_ns)
-            cnt.max_age_overdue += plan.overdue
-            cnt.screen_deferred += plan.deferred
-            pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
-            pp = self._pairs[pick]
-            was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
-            screen_level = self.state.mi[pp[:, 0], pp[:, 1]]
-            sp = self._pairs[plan.screened]
-            self.state.update(sp[:, 0], sp[:, 1], plan.screened_mi, np.ones(len(sp)), end_tick, source=SOURCE_SCREEN)
-            cnt.pairs_screened += len(sp)
-            cnt.screen_passed += plan.passed
-            t0 = cnt.add_time("screen", t0)
-        else:  # every pair by the network, stalest first within the budgets
-            pick = self._next_pairs()
-        pairs = self._pairs[pick]
-        i, j = pairs[:, 0], pairs[:, 1]
-        u = np.zeros((0, self.cfg.window_len))
-        coverage = (valid[i] & valid[j]).mean(axis=1)
-        ok = coverage >= self.cfg.min_coverage
-        self.counters.pairs_low_coverage += int((~ok).sum())
-        mi = np.full(len(pairs), np.nan)
-        n_eff = np.full(len(pairs), np.nan)
-        full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & ok
-        repeats = (valid & ~fresh).any(axis=1)  # (C,): channels that repeat a sample somewhere in the window
-        for k in np.flatnonzero(full & repeats[i] & repeats[j]):  # rows both repeat: leave them out (buffers)
+        hop.chans = chans
+        hop.lap(self.counters, "align")
+
+    def _rank(self, hop: Hop) -> None:
+        period, ties = self.resampler.period_ns, self.est.ties
+        hop.ranks = [c.rank(hop.window[k], hop.end_tick, period, ties) for k, c in enumerate(hop.chans)]
+        hop.lap(self.counters, "ranks")
+
+    def _select(self, hop: Hop) -> None:
+        """The network's pairs: the screen's plan (failed pairs show the screen's figure), or the stalest."""
+        cnt = self.counters
+        if not self.screener.active(len(self._pairs), self.est):
+            hop.pick = self._next_pairs()
+            return
+        hop_ns = self.cfg.hop_samples * self.resampler.period_ns
+        plan = self.screener.plan(hop.ranks, self._pairs, self._scheduler, hop.end_tick, hop_ns)
+        cnt.max_age_overdue += plan.overdue
+        cnt.screen_deferred += plan.deferred
+        hop.pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
+        pp = self._pairs[hop.pick]
+        hop.was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
+        hop.screen_level = self.state.mi[pp[:, 0], pp[:, 1]]
+        sp = self._pairs[plan.screened]
+        self.state.update(sp[:, 0], sp[:, 1], plan.screened_mi, np.ones(len(sp)), hop.end_tick, source=SOURCE_SCREEN)
+        cnt.pairs_screened += len(sp)
+        cnt.screen_passed += plan.passed
+        hop.lap(cnt, "screen")
+
+    def _estimate(self, hop: Hop) -> None:
+        """MI and effective sample size of the selected pairs: shared ranks through the compute backend where both
+        channels are fully valid and fresh, each pair's own rows otherwise."""
+        cnt, n = self.counters, self.cfg.window_len
+        pairs = self._pairs[hop.pick]
+        i, j = hop.i, hop.j = pairs[:, 0], pairs[:, 1]
+        valid, fresh, ranks = hop.valid, hop.fresh, hop.ranks
+        hop.coverage = (valid[i] & valid[j]).mean(axis=1)
+        hop.ok = hop.coverage >= self.cfg.min_coverage
+        cnt.pairs_low_coverage += int((~hop.ok).sum())
+        hop.mi, hop.n_eff = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
+        full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & hop.ok
+        for k in np.flatnonzero(full & hop.repeats[i] & hop.repeats[j]):  # rows both repeat: own rows (buffers)
             full[k] = bool((fresh[i[k]] | fresh[j[k]])[valid[i[k]] & valid[j[k]]].all())
-        t0 = cnt.add_time("align", t0)
+        hop.lap(cnt, "align")
+        hop.u = np.zeros((0, n))
         if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
-            u = np.stack([r if r is not None else np.full(self.cfg.window_len, 0.5) for r in ranks])
-            t_model = t0
+            hop.u = np.stack([r if r is not None else np.full(n, 0.5) for r in ranks])
+            t_model = hop.t0
             # MI exactly 0 for a constant channel, as in the estimator (ranked channels are all finite)
-            constant = np.array([r is not None and raw[k].max() == raw[k].min() for k, r in enumerate(ranks)])
-            mi[full] = self.compute.estimate(u, i[full], j[full], constant)  # histograms + network: local or Ray
-            t0 = cnt.add_time("model", t0)
-            self.screener.observe_model(int(full.sum()), t0 - t_model)
+            constant = np.array([r is not None and hop.raw[k].max() == hop.raw[k].min() for k, r in enumerate(ranks)])
+            hop.mi[full] = self.compute.estimate(hop.u, i[full], j[full], constant)  # histograms + network
+            hop.lap(cnt, "model")
+            self.screener.observe_model(int(full.sum()), hop.t0 - t_model)
             used = np.unique(np.concatenate([i[full], j[full]]))
-            acf = np.zeros((len(chans), N_FEATURES, max_lag(self.cfg.window_len) + 1))  # (C, F, K + 1)
-            acf[used] = autocorrelation(u[used])
-            n_eff[full] = pair_n_eff(acf[i[full]], acf[j[full]], self.cfg.window_len)
-            t0 = cnt.add_time("significance", t0)
-        groups: list[tuple[np.ndarray, np.ndarray]] = []  # pairs on their own rows: (ranks, hop indices)
-        cnt.pairs_low_coverage += estimate_own_rows(self.est, window, fresh, valid, i, j, ok & ~full, mi, n_eff, groups)
-        t0 = cnt.add_time("gapped_pairs", t0)
+            acf = np.zeros((len(hop.chans), N_FEATURES, max_lag(n) + 1))  # (C, F, K + 1)
+            acf[used] = autocorrelation(hop.u[used])
+            hop.n_eff[full] = pair_n_eff(acf[i[full]], acf[j[full]], n)
+            hop.lap(cnt, "significance")
+        own = hop.ok & ~full
+        cnt.pairs_low_coverage += estimate_own_rows(self.est, hop.window, fresh, valid, i, j, own, hop.mi, hop.n_eff,
+                                                    hop.groups)  # fmt: skip
+        hop.lap(cnt, "gapped_pairs")
         if self.cfg.significance == "iid":
-            n_eff = np.where(np.isfinite(n_eff), self.cfg.window_len, np.nan)
-        done = ok & ~np.isnan(mi)  # NaN: the compute backend's tile came back too late; the cell keeps its age
-        self._scheduler.mark_refreshed(pick[done], end_tick)
-        self.state.update(i[done], j[done], mi[done], coverage[done], end_tick)
-        self.counters.pairs_evaluated += int(done.sum())
-        self.counters.hops += 1
-        names = self.channels
-        if was_screened is not None and screen_level is not None:  # the screen's verdict is the pair's prior state
-            for k in np.flatnonzero(done & was_screened):
-                self.detector.prime((names[i[k]], names[j[k]]), float(screen_level[k]))
+            hop.n_eff = np.where(np.isfinite(hop.n_eff), n, np.nan)
+        hop.done = hop.ok & ~np.isnan(hop.mi)  # NaN: the backend's tile came back too late; the cell keeps its age
+
+    def _judge(self, hop: Hop) -> list[ChangeEvent]:
+        """Each estimated pair against its null (the table by effective size, or its own surrogates): events."""
+        names, i, j, done = self.channels, hop.i, hop.j, hop.done
+        if hop.was_screened is not None and hop.screen_level is not None:  # the screen's verdict: the prior state
+            for k in np.flatnonzero(done & hop.was_screened):
+                self.detector.prime((names[i[k]], names[j[k]]), float(hop.screen_level[k]))
         hop_pairs = [(names[a], names[b]) for a, b in zip(i, j, strict=True)]
-        done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
+        hop.done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
         own = None
         if self.cfg.significance == "effective":  # smooth pairs' own nulls (significance.SurrogateNulls)
-            repeating = repeats[i] | repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
-            own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, u, groups, i, j,
-                                                 hop_pairs, mi, n_eff, done, end_tick, repeating)  # fmt: skip
-        t0 = cnt.add_time("significance", t0)
-        events = self.detector.update_many(done_pairs, mi[done], n_eff[done], end_tick, own)
-        held = np.array([bool(self.detector.is_dependent(p)) for p in done_pairs], dtype=bool)
-        self._scheduler.mark_refreshed(pick[done], end_tick, mi[done], held)
-        self.state.set_significance(i[done], j[done], held, n_eff[done])
-        snap = self.state.snapshot(end_tick, time.time_ns())
-        cnt.add_time("publish", t0)
-        return snap, events
+            repeating = hop.repeats[i] | hop.repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
+            own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, hop.u, hop.groups,
+                                                 i, j, hop_pairs, hop.mi, hop.n_eff, done, hop.end_tick,
+                                                 repeating)  # fmt: skip
+        hop.lap(self.counters, "significance")
+        return self.detector.update_many(hop.done_pairs, hop.mi[done], hop.n_eff[done], hop.end_tick, own)
+
+    def _publish(self, hop: Hop) -> Snapshot:
+        """The matrix state, the scheduler's view of each estimated pair, and the snapshot."""
+        done, i, j = hop.done, hop.i, hop.j
+        held = np.array([bool(self.detector.is_dependent(p)) for p in hop.done_pairs], dtype=bool)
+        self._scheduler.mark_refreshed(hop.pick[done], hop.end_tick, hop.mi[done], held)
+        self.state.update(i[done], j[done], hop.mi[done], hop.coverage[done], hop.end_tick)
+        self.state.set_significance(i[done], j[done], held, hop.n_eff[done])
+        self.counters.pairs_evaluated += int(done.sum())
+        self.counters.hops += 1
+        snap = self.state.snapshot(hop.end_tick, time.time_ns())
+        hop.lap(self.counters, "publish")
+        return snap
 
     def pair_table(self, a: str, b: str) -> np.ndarray | None:
         """The model's lookup table theta (G, G) for channels a and b on the newest window; None if unavailable."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..estimate.copula import SlidingRanks
+from ..estimate.copula import SlidingRanks, Ties
 from ..logutil import RateLimitedLog
 from ..names import name_problem
 from .buffers import ChannelCounters, Resampler, RingBuffer
@@ -95,6 +95,22 @@ class Channel:
         self.offset_ns = 0  # added to every stamp: nonzero once the channel's clock stepped and was re-anchored
         self.step: ClockStep | None = None  # the current run of off-clock samples
         self.born_ns = born_ns  # stream time when it was added: its age while it has no accepted sample
+
+    def rank(self, values: np.ndarray, end_tick: int, period_ns: int, ties: Ties) -> np.ndarray | None:
+        """Copula values (N,) of a fully valid window ending at ``end_tick``, updated incrementally when the previous
+        window was contiguous; None (and the sliding state reset) when the window has a gap."""
+        n = len(values)
+        if not np.isfinite(values).all():
+            self.ranks_end_tick = None
+            return None
+        if self.ranks_end_tick is not None and 0 < (end_tick - self.ranks_end_tick) // period_ns < n:
+            h = (end_tick - self.ranks_end_tick) // period_ns
+            u = self.ranks.update(values[None, -h:])[0]
+        else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
+            self.ranks = SlidingRanks(1, n, ties=ties)
+            u = self.ranks.update(values[None, :])[0]
+        self.ranks_end_tick = end_tick
+        return u
 
     def heard_ns(self) -> int | None:
         """Stream time the channel was last heard from: its newest accepted stamp, else when it was added."""

@@ -12,6 +12,7 @@ import ctypes
 import hashlib
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +123,9 @@ class Estimator:
         if self.device.type == "cpu":
             _tune_allocator()
         self.batch_size = batch_size
+        # called before each network batch (refinement passes included): a caller may raise there to end a long
+        # call early (streamcorr.compute.local.stoppable)
+        self.between_batches: Callable[[], None] | None = None
         self.nonfinite: NonFinite = nonfinite
         self.refine_high_mi = refine_high_mi
         self.model: InfoNet
@@ -222,6 +226,8 @@ class Estimator:
         out_mi, out_tab = [], []
         with torch.inference_mode():
             for s in range(0, hist.shape[0], self.batch_size):
+                if self.between_batches is not None:
+                    self.between_batches()
                 h = torch.from_numpy(hist[s : s + self.batch_size]).to(self.device)
                 a = torch.from_numpy(mx[s : s + self.batch_size]).to(self.device)
                 b = torch.from_numpy(my[s : s + self.batch_size]).to(self.device)

@@ -1,0 +1,47 @@
+"""One hop's working record: the arrays the engine's stages (align, rank, select, estimate, judge, publish) fill in
+turn, with their shapes, and the stage timer. Engine.evaluate creates one per hop and drops it after publishing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .intake import Channel, EngineCounters
+
+__all__ = ["Hop"]
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0)
+
+
+@dataclass(eq=False)
+class Hop:
+    """One hop's working arrays, filled in stage by stage (C channels, N samples, P selected pairs)."""
+
+    end_tick: int
+    t0: float  # perf_counter at the start of the current stage
+    chans: list[Channel] = field(default_factory=list)
+    raw: np.ndarray = field(default_factory=_empty)  # (C, N) the aligned window, NaN where a channel has no sample
+    window: np.ndarray = field(default_factory=_empty)  # (C, N) what is ranked: raw, or its innovations (prewhiten)
+    valid: np.ndarray = field(default_factory=_empty)  # (C, N)
+    fresh: np.ndarray = field(default_factory=_empty)  # (C, N) a new sample, not one held from an earlier tick
+    repeats: np.ndarray = field(default_factory=_empty)  # (C,) the channel repeats a sample somewhere in the window
+    ranks: list[np.ndarray | None] = field(default_factory=list)  # (N,) per fully valid channel
+    pick: np.ndarray = field(default_factory=_empty)  # (P,) indices into the engine's pairs
+    was_screened: np.ndarray | None = None  # (P,) the pair showed the screen's figure last hop
+    screen_level: np.ndarray | None = None  # (P,) that figure
+    i: np.ndarray = field(default_factory=_empty)  # (P,) channel indices
+    j: np.ndarray = field(default_factory=_empty)
+    u: np.ndarray = field(default_factory=_empty)  # (C, N) shared ranks of the channels the network saw
+    coverage: np.ndarray = field(default_factory=_empty)  # (P,)
+    ok: np.ndarray = field(default_factory=_empty)  # (P,) enough coverage to be estimated
+    mi: np.ndarray = field(default_factory=_empty)  # (P,) nats; NaN where not estimated
+    n_eff: np.ndarray = field(default_factory=_empty)  # (P,) effective sample size
+    done: np.ndarray = field(default_factory=_empty)  # (P,) estimated this hop
+    groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # own-row pairs: (ranks, indices)
+    done_pairs: list[tuple[str, str]] = field(default_factory=list)
+
+    def lap(self, counters: EngineCounters, stage: str) -> None:
+        self.t0 = counters.add_time(stage, self.t0)
