@@ -7,10 +7,10 @@ numbers under ``name`` becomes ``name.key`` entries, and booleans and private na
 >>> @dataclass
 ... class C:
 ...     hops: int = 3
-...     stage_s: dict = field(default_factory=lambda: {"rank": 0.5, "model": 1.5})
+...     stage_s: dict = field(default_factory=lambda: {"ranks": 0.5, "model": 1.5})
 ...     running: bool = True
 >>> flat_counters(C())
-{'hops': 3, 'stage_s.rank': 0.5, 'stage_s.model': 1.5}
+{'hops': 3, 'stage_s.ranks': 0.5, 'stage_s.model': 1.5}
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def _number(value: object) -> bool:
 
 
 def flat_counters(obj: object) -> dict[str, int | float]:
-    """The numeric entries of ``obj`` (see the module docstring), ints kept as ints."""
+    """The numeric entries of ``obj`` (see the module docstring); top-level ints stay ints, nested numbers are
+    floats."""
     out: dict[str, int | float] = {}
     items = obj.items() if isinstance(obj, Mapping) else vars(obj).items()
     for name, value in items:

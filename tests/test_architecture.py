@@ -192,7 +192,7 @@ def test_no_module_is_longer_than_one_sitting():
 def test_the_architecture_page_names_every_module():
     """docs/architecture.md names every package module (its module table is generated from the package when the
     site is built), and every module its data path names by hand exists."""
-    from tests.test_docs import hooks
+    from tests.helpers import hooks
 
     gen = hooks()
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()

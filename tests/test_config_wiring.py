@@ -24,6 +24,7 @@ from streamcorr.engine.core import Engine
 from streamcorr.engine.settings import EngineConfig
 from streamcorr.estimate.estimator import Estimator
 from streamcorr.logutil import RepeatLimitFilter, setup_logging
+from tests.brokers import free_port
 
 TLS = {"ca_file": "/nonexistent/ca.pem", "cert_file": "/nonexistent/c.pem", "key_file": "/nonexistent/k.pem",
        "insecure": True}  # fmt: skip
@@ -34,13 +35,16 @@ PAYLOAD = {"format": "json", "channel_template": "{topic[1]}.{key}", "time_field
            "max_payload_bytes": 4096, "max_samples_per_message": 77, "max_topic_bytes": 99}  # fmt: skip
 
 
+SOURCE_PORT = free_port()  # the bound ZeroMQ source: a free port, so parallel test workers never collide
+
+
 def _config(tmp: Path) -> dict[str, Any]:
     # fmt: off
     return {
         "version": 1,
         "sources": [
             {"type": "mqtt", **MQTT, **PAYLOAD, "topics": ["probe/#"], "queue_size": 123, "queue_bytes": 1 << 17},
-            {"type": "zmq", **PAYLOAD, "endpoint": "tcp://127.0.0.1:15550", "mode": "pull", "bind": True,
+            {"type": "zmq", **PAYLOAD, "endpoint": f"tcp://127.0.0.1:{SOURCE_PORT}", "mode": "pull", "bind": True,
              "topics": ["p"], "rcvhwm": 321},
         ],
         "channels": {"names": ["a", "b", "c"], "auto_add": False, "rate_hz": 20.0, "max_staleness_s": 0.2,

@@ -7,20 +7,15 @@ from __future__ import annotations
 import asyncio
 import configparser
 import json
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +26,7 @@ import yaml
 from streamcorr.cli.commands import main
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port
+from tests.helpers import daemon_process, http_get, metric, probe, wait_for
 
 RATE = 10.0
 
@@ -48,55 +44,8 @@ def _config(sources: list[dict[str, Any]], outputs: dict[str, Any], http_port: i
     }
 
 
-@contextmanager
-def _daemon(tmp_path: Path, cfg: dict[str, Any], env: dict[str, str] | None = None) -> Iterator[Any]:
-    """A `streamcorr run` subprocess (stderr to a file); killed on exit if still running."""
-    path = tmp_path / f"cfg-{uuid.uuid4().hex[:6]}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    log = (tmp_path / "daemon.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamcorr", "run", str(path)],
-        stderr=log, stdout=log, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )  # fmt: skip
-    proc.log_path = tmp_path / "daemon.log"  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    code, text = _get(f"http://127.0.0.1:{port}{path}")
-    return code, json.loads(text)
-
-
 def _health(port: int) -> tuple[int, dict[str, Any]]:
-    return _probe(port, "/healthz")
-
-
-def _wait(cond: Any, what: str, proc: Any, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            got = cond()
-        except OSError:
-            got = None
-        if got:
-            return got
-        assert proc.poll() is None, f"daemon exited: {proc.log_path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {proc.log_path.read_text()[-3000:]}"
-        time.sleep(0.2)
+    return probe(port, "/healthz")
 
 
 def _chunks(seqs: list[int], seed: int) -> list[bytes]:
@@ -109,14 +58,6 @@ def _chunks(seqs: list[int], seed: int) -> list[bytes]:
         b = a**2 + 0.1 * rng.standard_normal(10)
         out.append(json.dumps({"seq": seq, "t": t.tolist(), "channels": {"a": a.tolist(), "b": b.tolist()}}).encode())
     return out
-
-
-def _metric(text: str, series: str) -> float:
-    """The value of one series (name plus labels, exactly as exposed) in a /metrics text."""
-    for line in text.splitlines():
-        if line.rsplit(" ", 1)[0] == series:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{series} not in /metrics")
 
 
 def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(mqtt_broker, tmp_path):
@@ -155,7 +96,7 @@ def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(
             assert time.monotonic() < deadline, statuses[-1:] or "no status"
             await asyncio.sleep(0.1)
         online = [s for s in statuses if s.state == "online"]
-        metrics = await asyncio.to_thread(lambda: _get(f"http://127.0.0.1:{http_port}/metrics")[1])
+        metrics = await asyncio.to_thread(lambda: http_get(f"http://127.0.0.1:{http_port}/metrics")[1])
         proc.send_signal(signal.SIGKILL)  # no goodbye: the broker publishes the last will
         while not statuses or statuses[-1].state != "offline":
             assert time.monotonic() < deadline + 30, "no offline status after SIGKILL"
@@ -164,13 +105,13 @@ def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(
         await sub.aclose()
         return sub, online[-1].counters, metrics
 
-    with _daemon(tmp_path, cfg) as proc:
-        _wait(lambda: _health(http_port)[1]["sources_connected"].get("mqtt0"), "source connected", proc)
+    with daemon_process(tmp_path, cfg) as proc:
+        wait_for(lambda: _health(http_port)[1]["sources_connected"].get("mqtt0"), "source connected", proc)
         sub, counters, metrics = asyncio.run(asyncio.wait_for(scenario(proc), 150))
-    assert _metric(metrics, 'streamcorr_source_seq_gaps_total{source="mqtt0"}') == 3
-    assert _metric(metrics, 'streamcorr_source_seq_resets_total{source="mqtt0"}') == 1
-    assert _metric(metrics, 'streamcorr_source_samples_accepted_total{source="mqtt0"}') > 0
-    assert _metric(metrics, 'streamcorr_output_sent_total{output="mqtt",stream="snapshot"}') > 0
+    assert metric(metrics, 'streamcorr_source_seq_gaps_total{source="mqtt0"}') == 3
+    assert metric(metrics, 'streamcorr_source_seq_resets_total{source="mqtt0"}') == 1
+    assert metric(metrics, 'streamcorr_source_samples_accepted_total{source="mqtt0"}') > 0
+    assert metric(metrics, 'streamcorr_output_sent_total{output="mqtt",stream="snapshot"}') > 0
     for series in ('streamcorr_output_dropped_total{output="mqtt",stream="event"}',
                    'streamcorr_output_errors_total{output="mqtt",stream="snapshot"}',
                    "streamcorr_web_events_dropped_total", "streamcorr_http_header_timeouts_total"):  # fmt: skip
@@ -202,25 +143,25 @@ def test_healthz_reports_each_part_and_503s_when_the_broker_is_gone(tmp_path):
     src = {"type": "mqtt", "topics": ["in/#"], **conn}
     cfg = _config([src], {"mqtt": {**conn, "prefix": "h"}}, http_port)
     try:
-        with _daemon(tmp_path, cfg) as proc:
-            _wait(lambda: _health(http_port)[0] == 200, "healthy", proc)
+        with daemon_process(tmp_path, cfg) as proc:
+            wait_for(lambda: _health(http_port)[0] == 200, "healthy", proc)
             _, body = _health(http_port)
             assert body["status"] == "ok" and body["sources_connected"] == {"mqtt0": True}
             assert body["outputs_alive"] == {"mqtt": True}
             broker.stop()
             both = ("source mqtt0 not connected", "output mqtt: not connected")  # each part notices on its own
-            _, body = _wait(lambda: (h := _health(http_port))[0] == 503 and all(p in h[1]["problems"] for p in both)
+            _, body = wait_for(lambda: (h := _health(http_port))[0] == 503 and all(p in h[1]["problems"] for p in both)
                             and h, "503 naming both parts", proc, 30)  # fmt: skip
             assert body["status"] == "degraded"
             broker.start()
-            _wait(lambda: _health(http_port)[0] == 200, "healthy again", proc, 60)
+            wait_for(lambda: _health(http_port)[0] == 200, "healthy again", proc, 60)
     finally:
         broker.stop()
     refused = PrivateBroker(tmp_path)  # a port with nothing behind it
     cfg = _config([{"type": "mqtt", "topics": ["x"], "port": refused.port}], {}, free_port())
-    with _daemon(tmp_path, cfg) as proc:
+    with daemon_process(tmp_path, cfg) as proc:
         hint = "sources.0.host / sources.0.port"  # the daemon names the keys; the loop's own line names the broker
-        text = _wait(lambda: hint in (t := proc.log_path.read_text()) and t, "the broker hint", proc, 60)
+        text = wait_for(lambda: hint in (t := proc.log_path.read_text()) and t, "the broker hint", proc, 60)
     assert "mosquitto -d" in text and f"127.0.0.1:{refused.port}" in text
 
 
@@ -233,8 +174,8 @@ def test_http_bounds_half_sent_requests_and_connection_floods(tmp_path):
         [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}", "mode": "pull", "bind": True}], {},
         http_port, http={"host": "0.0.0.0", "max_connections": 20, "header_timeout_s": 1.0},
     )  # fmt: skip
-    with _daemon(tmp_path, cfg) as proc:
-        _wait(lambda: _health(http_port)[1].get("status") is not None, "http up", proc)
+    with daemon_process(tmp_path, cfg) as proc:
+        wait_for(lambda: _health(http_port)[1].get("status") is not None, "http up", proc)
         socks = []
         for _ in range(60):
             s = socket.create_connection(("127.0.0.1", http_port), timeout=5)
@@ -247,9 +188,9 @@ def test_http_bounds_half_sent_requests_and_connection_floods(tmp_path):
                 assert s.recv(1024) == b""
             s.close()
         assert _health(http_port)[1]["status"] is not None
-        text = _get(f"http://127.0.0.1:{http_port}/metrics")[1]
-        assert _metric(text, "streamcorr_http_header_timeouts_total") >= 1
-        assert _metric(text, "streamcorr_http_connections_rejected_total") >= 1
+        text = http_get(f"http://127.0.0.1:{http_port}/metrics")[1]
+        assert metric(text, "streamcorr_http_header_timeouts_total") >= 1
+        assert metric(text, "streamcorr_http_connections_rejected_total") >= 1
         log_text = proc.log_path.read_text()
     assert "listening beyond loopback: http.host '0.0.0.0'" in log_text
     assert len(log_text.splitlines()) < 200, "log volume not bounded"
@@ -285,13 +226,13 @@ def test_ctrl_c_during_the_first_start_is_clean_and_healthz_says_starting(tmp_pa
     cfg = _config([src], {}, http_port)
     cfg["window"] = {"samples": 4096}  # a calibration that takes far longer than this test
     env = {"STREAMCORR_CACHE_DIR": str(tmp_path / "cache")}
-    with _daemon(tmp_path, cfg, env) as proc:
-        code, body = _wait(lambda: _health(http_port), "/healthz during calibration", proc, 30)
+    with daemon_process(tmp_path, cfg, env) as proc:
+        code, body = wait_for(lambda: _health(http_port), "/healthz during calibration", proc, 30)
         assert code == 503 and body["status"] == "starting"
-        assert _probe(http_port, "/livez")[0] == 200  # alive: an orchestrator must not restart a calibration
-        code, body = _probe(http_port, "/readyz")
+        assert probe(http_port, "/livez")[0] == 200  # alive: an orchestrator must not restart a calibration
+        code, body = probe(http_port, "/readyz")
         assert code == 503 and body["status"] == "not ready" and body["problems"][0].startswith("starting")
-        _wait(lambda: "null calibration" in proc.log_path.read_text(), "the progress line", proc, 30)
+        wait_for(lambda: "null calibration" in proc.log_path.read_text(), "the progress line", proc, 30)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         text = proc.log_path.read_text()
@@ -310,8 +251,8 @@ def test_healthz_503s_when_input_flows_but_no_snapshot_comes(tmp_path):
     cfg = _config([src], {}, http_port, http={"snapshot_stale_s": 1.0})
     cfg["channels"]["auto_add"] = False
     cfg["window"] = {"samples": 32, "hop_samples": 5}
-    with _daemon(tmp_path, cfg) as proc:
-        _wait(lambda: _health(http_port)[1].get("status") in ("ok", "degraded"), "running", proc)
+    with daemon_process(tmp_path, cfg) as proc:
+        wait_for(lambda: _health(http_port)[1].get("status") in ("ok", "degraded"), "running", proc)
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
         push.connect(f"tcp://127.0.0.1:{in_port}")
@@ -364,7 +305,7 @@ def test_standalone_web_view_closes_half_sent_requests():
             except ConnectionResetError:  # an abort may reset rather than end the stream: closed all the same
                 closed = b""
             writer.close()
-            code = await asyncio.to_thread(lambda: _get(f"http://127.0.0.1:{port}/")[0])
+            code = await asyncio.to_thread(lambda: http_get(f"http://127.0.0.1:{port}/")[0])
             return closed, code
 
     closed, code = asyncio.run(main())
@@ -404,25 +345,25 @@ def test_a_bound_zeromq_source_without_a_sender_is_live_ready_and_healthy(tmp_pa
         return said
 
     try:
-        with _daemon(tmp_path, _config([src], {}, http_port), env) as proc:
+        with daemon_process(tmp_path, _config([src], {}, http_port), env) as proc:
             t0 = time.monotonic()
-            _wait(lambda: _probe(http_port, "/readyz")[0] == 200, "/readyz 200", proc, 60)
+            wait_for(lambda: probe(http_port, "/readyz")[0] == 200, "/readyz 200", proc, 60)
             assert time.monotonic() - t0 < 60
-            code, live = _probe(http_port, "/livez")
+            code, live = probe(http_port, "/livez")
             assert code == 200 and live["status"] == "alive" and live["phase"] == "running"
-            code, ready = _probe(http_port, "/readyz")
+            code, ready = probe(http_port, "/readyz")
             assert ready == {"status": "ready", "problems": [], "sources": {"zmq0": "listening"}}
             code, health = _health(http_port)
             assert code == 200 and health["status"] == "ok" and health["sources"] == {"zmq0": "listening"}
             probes = _docs_probes()
             assert probes["livenessProbe"]["httpGet"]["path"] == "/livez"
             assert probes["readinessProbe"]["httpGet"]["path"] == "/readyz"
-            for probe in probes.values():
-                assert probe["httpGet"]["port"] == Http().port  # the default http.port
-                assert _probe(http_port, probe["httpGet"]["path"])[0] == 200
-            metrics = _get(f"http://127.0.0.1:{http_port}/metrics")[1]
-            assert _metric(metrics, "streamcorr_ready") == 1 and _metric(metrics, "streamcorr_up") == 1
-            _wait(lambda: heard().count("WATCHDOG=1") >= 2, "two watchdog pings", proc, 10)
+            for spec in probes.values():
+                assert spec["httpGet"]["port"] == Http().port  # the default http.port
+                assert probe(http_port, spec["httpGet"]["path"])[0] == 200
+            metrics = http_get(f"http://127.0.0.1:{http_port}/metrics")[1]
+            assert metric(metrics, "streamcorr_ready") == 1 and metric(metrics, "streamcorr_up") == 1
+            wait_for(lambda: heard().count("WATCHDOG=1") >= 2, "two watchdog pings", proc, 10)
             assert "READY=1" in said
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0
@@ -440,20 +381,20 @@ def test_an_mqtt_source_without_a_broker_is_live_but_not_ready(tmp_path):
     http_port = free_port()
     src = {"type": "mqtt", "topics": ["in/#"], "port": broker.port, "reconnect_min_s": 0.1, "reconnect_max_s": 0.3}
     try:
-        with _daemon(tmp_path, _config([src], {}, http_port)) as proc:
+        with daemon_process(tmp_path, _config([src], {}, http_port)) as proc:
             why = f"source mqtt0 (sources.0): no MQTT broker answers at 127.0.0.1:{broker.port}"
 
             def named() -> Any:
-                code, body = _probe(http_port, "/readyz")
+                code, body = probe(http_port, "/readyz")
                 return body["problems"] and body["problems"][0].startswith(why) and (code, body)
 
-            code, ready = _wait(named, "503 naming the broker", proc, 60)
+            code, ready = wait_for(named, "503 naming the broker", proc, 60)
             assert code == 503 and ready["status"] == "not ready" and ready["sources"] == {"mqtt0": "not connected"}
-            code, live = _probe(http_port, "/livez")
+            code, live = probe(http_port, "/livez")
             assert code == 200 and live["status"] == "alive"
             assert _health(http_port)[0] == 503
             broker.start()
-            _wait(lambda: _probe(http_port, "/readyz")[0] == 200, "ready once the broker answers", proc, 30)
+            wait_for(lambda: probe(http_port, "/readyz")[0] == 200, "ready once the broker answers", proc, 30)
     finally:
         broker.stop()
 

@@ -14,20 +14,12 @@ import re
 import subprocess
 import sys
 import typing
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
-USER_DOCS = [
-    README,
-    *sorted((REPO / "docs").rglob("*.md")),
-    REPO / "models" / "README.md",
-    REPO / "bench" / "README.md",
-]
+from tests.helpers import README, REPO, USER_DOCS, hooks
 
 # Words that narrate how the project got here rather than state what it is; each a regex, case-insensitive.
 HISTORY = [
@@ -45,16 +37,6 @@ HISTORY = [
     r"\bsince (?:commit|version|v\d)",
     r"\bwas (?:slower|faster)\b",
 ]
-
-
-def hooks() -> ModuleType:
-    """docs/hooks.py, the generator the site's build runs, imported by path."""
-    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("docs_hooks", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_site_builds_strictly(tmp_path):
@@ -190,6 +172,6 @@ def test_ci_runs_the_readme_test_command():
     np.random.default_rng(88)  # nothing random here; seeded by convention
     blocks = re.findall(r"^```bash\n(.*?)^```", README.read_text(), flags=re.S | re.M)
     demo, test = blocks[0].strip(), blocks[1].strip()
-    assert demo.endswith("streamcorr demo") and test.endswith("pytest -q"), (demo, test)
+    assert demo.endswith("streamcorr demo") and test.endswith("pytest -q -n 2"), (demo, test)
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert test in ci, ".ci/run must run the README's test command verbatim"

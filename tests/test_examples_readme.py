@@ -37,10 +37,7 @@ import pytest
 import yaml
 
 from streamcorr.config import Http, parse_config
-from tests.test_docs import USER_DOCS, hooks
-from tests.test_sinks import make_event, make_snapshot, private_broker
-
-__all__ = ["private_broker"]  # the fixture, shared with test_sinks
+from tests.helpers import USER_DOCS, hooks, make_event, make_snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = USER_DOCS  # README.md, docs/, models/README.md, bench/README.md

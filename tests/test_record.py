@@ -266,7 +266,11 @@ def test_a_daemon_whose_record_directory_breaks_reports_drops_and_recovers(tmp_p
     """`streamcorr run` recording while its directory is replaced by a file: /metrics counts the record output's
     dropped snapshots, /healthz is 503 naming the cause while /readyz stays 200, one warning without traceback
     is logged, and once the directory can be made again files are written and /healthz is 200."""
-    from tests.test_daemon_health import _daemon, _get, _metric, _probe, _wait
+    from tests.helpers import daemon_process as _daemon
+    from tests.helpers import http_get as _get
+    from tests.helpers import metric as _metric
+    from tests.helpers import probe as _probe
+    from tests.helpers import wait_for as _wait
 
     p_in, http_port = free_port(), free_port()
     rec_dir = tmp_path / "rec"

@@ -22,7 +22,6 @@ from streamcorr.config import parse_config
 from streamcorr.daemon.service import Daemon
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import free_port, pearson_blind_rig
-from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
 
 pq = pytest.importorskip("pyarrow.parquet")
 
@@ -437,7 +436,7 @@ def test_a_config_without_sources_is_enough_for_replay(tmp_path):
         load_config(p)
 
 
-def test_report_of_a_7_minute_replay_renders_offline_in_chromium(tmp_path, chromium):  # noqa: F811
+def test_report_of_a_7_minute_replay_renders_offline_in_chromium(tmp_path, chromium):
     """streamcorr report on a 7-minute replay: one HTML file that headless Chromium renders with no request
     beyond the file itself and no console error, showing matrices, MI lines, events and lookup tables."""
     rng = np.random.default_rng(8)

@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamcorr.offline.report import time_ticks, write_report
-from tests.test_web import chromium  # noqa: F401  (the headless Chromium fixture)
 
 HOSTILE = "<img src=x onerror=alert(1)>&'\""  # a channel name that must stay text
 
@@ -92,7 +91,7 @@ def test_heatmap_cells_have_hover_text_with_names_and_value_escaped(tmp_path):
     assert re.search(r"<title>arm\.j1 rank 1\.00, arm\.j2 rank 0\.00: &theta; [+-]\d\.\d{3}</title>", hover[0])
 
 
-def test_hovering_the_heatmaps_in_chromium_shows_names_and_values(tmp_path, chromium):  # noqa: F811
+def test_hovering_the_heatmaps_in_chromium_shows_names_and_values(tmp_path, chromium):
     """In a real browser, the element under the mouse on a matrix cell and on a lookup-table cell carries the
     hover text (title) with the pair's names as text, the hostile one unexecuted, and the value."""
     rng = np.random.default_rng(53)

@@ -2,17 +2,11 @@
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import msgpack
@@ -29,51 +23,8 @@ from streamcorr.publish.envelope import Status, decode_message
 from streamcorr.publish.mqtt_sink import STATUS_SEQ_BLOCK, MqttPublisher
 from streamcorr.publish.sinks import Sink, SinkCounters, engine_counters
 from streamcorr.publish.zmq_sink import ZmqPublisher
-
-REPO = Path(__file__).resolve().parents[1]
-ANY_PORT = "tcp://127.0.0.1:*"
-
-
-def make_snapshot(rng: np.random.Generator, n: int = 4, seq: int = 1) -> Snapshot:
-    mi = rng.gamma(1.0, 0.3, (n, n))
-    mi = (mi + mi.T) / 2
-    np.fill_diagonal(mi, np.nan)
-    age = rng.uniform(0, 5, (n, n))
-    age[0, -1] = age[-1, 0] = np.inf
-    return Snapshot(seq, seq * 10**9, time.time_ns(), tuple(f"ch{k}" for k in range(n)), mi, age, np.ones((n, n)))
-
-
-def make_event(rng: np.random.Generator, k: int = 0) -> ChangeEvent:
-    return ChangeEvent(("ch0", "ch1"), float(rng.random()), float(rng.random()) + 1, k, "rise")
-
-
-def connection(broker: tuple[str, int], **settings: Any) -> MqttConnection:
-    """The connection settings for a (host, port) broker fixture."""
-    return MqttConnection(host=broker[0], port=broker[1], **settings)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def prefix(mqtt_broker):
-    """A topic prefix of this test alone; its retained messages are cleared afterwards."""
-    name = f"streamcorr-test/{uuid.uuid4().hex[:10]}"
-    yield name
-    for stream in ("snapshot", "pairs", "status"):
-        subprocess.run(["mosquitto_pub", "-h", mqtt_broker[0], "-p", str(mqtt_broker[1]), "-t", f"{name}/{stream}",
-                        "-r", "-n"], check=False, timeout=10)  # fmt: skip
-
-
-async def until(predicate, timeout_s: float = 5.0, poll_s: float = 0.01) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(poll_s)
+from tests.brokers import free_port
+from tests.helpers import ANY_PORT, REPO, connection, make_event, make_snapshot, until
 
 
 async def retained(broker: tuple[str, int], topics: list[str], timeout_s: float = 3.0) -> dict[str, bytes]:
@@ -257,7 +208,7 @@ def test_engine_counters_and_sink_counters_flatten_to_numbers():
     """Status counters are flat name -> number maps (nested stage timers become "stage_s.<stage>")."""
     np.random.default_rng(4)
     flat = SinkCounters().as_dict()
-    assert flat["sent_snapshot"] == 0 and "dropped_event" in flat
+    assert flat["sent.snapshot"] == 0 and "dropped.event" in flat
     assert all(isinstance(v, int | float) for v in flat.values())
 
     @dataclass
@@ -318,7 +269,7 @@ def test_mqtt_close_sends_the_final_snapshot_and_a_retained_offline(mqtt_broker,
     np.testing.assert_array_equal(snap_msg.body.mi, snaps[2].mi.astype(np.float32))
     assert decode_message(got[f"{prefix}/pairs"]).seq == 1
     status = decode_message(got[f"{prefix}/status"])
-    assert status.body.state == "offline" and status.body.counters["sent_snapshot"] == 1
+    assert status.body.state == "offline" and status.body.counters["sent.snapshot"] == 1
     assert status.seq == STATUS_SEQ_BLOCK  # online was 1; offline ends the block reserved for this connection
 
 
@@ -402,39 +353,6 @@ def test_mqtt_last_will_says_offline_when_the_publisher_process_is_killed(mqtt_b
     assert [(s, q) for s, q, _ in states] == [("online", 1), ("offline", STATUS_SEQ_BLOCK)]  # the will: above all
     got = asyncio.run(retained(mqtt_broker, [f"{prefix}/status"]))
     assert decode_message(got[f"{prefix}/status"]).body.state == "offline"
-
-
-@pytest.fixture
-def private_broker():
-    """A Mosquitto of this test alone (local-only on a free port), so that it can be stopped and restarted."""
-    if shutil.which("mosquitto") is None:
-        msg = "no mosquitto binary to start a private broker"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-
-    def start() -> None:
-        procs.append(subprocess.Popen(["mosquitto", "-p", str(port)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))  # fmt: skip
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-            time.sleep(0.02)
-        raise AssertionError("private mosquitto did not start")
-
-    def stop() -> None:
-        procs[-1].terminate()
-        procs[-1].wait(5)
-
-    start()
-    yield port, start, stop
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def test_mqtt_publisher_reconnects_after_the_broker_restarts_and_never_gives_up(private_broker):

@@ -20,9 +20,7 @@ from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.sinks import forward
 from streamcorr.publish.subscriber import Subscriber
 from streamcorr.publish.zmq_sink import ZmqPublisher
-from tests.test_sinks import ANY_PORT, connection, make_event, make_snapshot, prefix, private_broker, until
-
-__all__ = ["prefix", "private_broker"]  # fixtures shared with test_sinks
+from tests.helpers import ANY_PORT, connection, make_event, make_snapshot, until
 
 
 def assert_same_snapshot(got: Snapshot, sent: Snapshot) -> None:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -26,7 +25,6 @@ from streamcorr.errors import ConfigError, InputError
 from streamcorr.publish.sinks import Sink
 from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
 
-CHROMIUM = "/usr/bin/chromium"
 # the README's screenshot is refreshed on request (STREAMCORR_SCREENSHOT=1), so test runs leave the tree clean
 SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "web_view.png"
 T = TypeVar("T")
@@ -372,30 +370,6 @@ class _ViewThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
-
-
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    """A headless Debian Chromium driven by playwright; skip with the reason where missing, fail under CI=true."""
-    reason = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = "the playwright Python package is not installed (pip install playwright)"
-    executable = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
-    if reason is None and executable is None:
-        reason = f"no Chromium at {CHROMIUM} or on PATH (apt-get install chromium; playwright install is not needed)"
-    if reason is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with sync_playwright() as pw:
-        # playwright passes --no-sandbox by default (chromium_sandbox=False), which Chromium needs as root
-        browser = pw.chromium.launch(executable_path=executable, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 ARM_CHANNELS = [

@@ -1,4 +1,4 @@
-"""The `replay` and `report` commands of the command line (kept apart from cli.py, which registers them).
+"""The `replay` and `report` commands of the command line (kept apart from cli/commands.py, which registers them).
 
 Handlers raise StreamcorrError subclasses with the fix in the message; cli.main prints them without a
 traceback and returns 2 (130 after Ctrl-C).
@@ -58,7 +58,7 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """The reader's bounds (ingest.logs.ReadLimits) as flags."""
+    """The reader's bounds (offline.logs.ReadLimits) as flags."""
     parser.add_argument("--max-samples", type=int, default=ReadLimits.max_samples,
                         help="refuse a file with more samples (table cells), over all channels (default "
                         "%(default)s; 16 bytes each once read)")  # fmt: skip

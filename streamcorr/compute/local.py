@@ -1,13 +1,14 @@
-"""Where pair MI is computed: in this process (``local``) or on Ray actors (``ray``).
+"""Pair MI in this process: the ``PairEvaluator`` protocol every compute backend meets, the local backend, and the
+hop's cancellation (``stoppable``, ``EngineStopping``).
 
 The engine hands every hop's network work to one ``PairEvaluator``: the window's shared copula values
 u (C, T), the pairs (iu, iv) to evaluate (stalest first) and the constant-row mask (C,). It gets back MI
 (P,) in nats, NaN for a pair whose result did not come back in time; the engine leaves such a cell's
 previous value in place, so its age keeps growing, and the scheduler offers it first on the next hop.
 
-``local`` is the engine's own estimator. ``ray`` (``pip install -e ".[ray]"``) evaluates tiles of the pairs
-on Ray actors: :mod:`streamcorr.compute.ray`. Counters (``counters()``) are exported on ``/metrics`` as
-``streamcorr_compute_*``.
+``LocalEvaluator`` is the engine's own estimator. The other backend, ``ray`` (``pip install -e ".[ray]"``),
+evaluates tiles of the pairs on Ray actors: :mod:`streamcorr.compute.ray`. Counters (``counters()``) are
+exported on ``/metrics`` as ``streamcorr_compute_*``.
 
 >>> from streamcorr.estimate.estimator import Estimator
 >>> ev = LocalEvaluator(Estimator())

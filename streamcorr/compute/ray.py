@@ -40,7 +40,7 @@ from ..estimate.estimator import Estimator
 from ..logutil import RateLimitedLog
 from .local import COUNTER_HELP
 
-log = logging.getLogger("streamcorr.compute.local")
+log = logging.getLogger("streamcorr.compute.ray")
 
 __all__ = ["RayEvaluator", "TileWorker"]
 

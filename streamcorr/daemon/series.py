@@ -1,6 +1,6 @@
 """The /metrics series read from a counters ledger, declared once: for each ledger entry, its series name and help
 text. A series is named here, never derived from a field's name, so renaming a field cannot rename a series;
-``tests/test_prometheus.py`` checks that every numeric entry of every ledger has a line here (an entry without one
+``tests/test_series.py`` checks that every numeric entry of every ledger has a line here (an entry without one
 is not served).
 
 The series with labels (samples by source, drops by stage and reason, messages by output and stream, ...) and the
@@ -28,8 +28,8 @@ ENGINE: dict[str, tuple[str, str]] = {
                         "Pairs that passed the screen but did not fit the hop's budget (they wait)"),
 }  # fmt: skip
 # EngineCounters entries in streamcorr_engine_dropped{kind}; the engine's sample drops (unknown_channel, bad_name,
-# channel_limit, future, bad_sample) are in streamcorr_samples_dropped{stage="engine"}; last_hop_s and stage_s feed
-# streamcorr_hop_seconds and streamcorr_stage_seconds
+# channel_limit, future, bad_sample) are in streamcorr_samples_dropped{stage="engine"}; stage_s feeds
+# streamcorr_stage_seconds and each hop's time the daemon's streamcorr_hop_seconds histogram
 ENGINE_LOST = frozenset({"snapshots_dropped", "events_dropped", "pairs_low_coverage"})
 
 # IngestCounters entry -> (series, help), labelled by source; messages, samples_handed, drops and queue_full are in

@@ -3,8 +3,8 @@
 ``buffers`` holds each channel's ring buffer; ``intake`` admits samples and aligns channels on the clock;
 ``scheduler`` chooses the pairs a hop estimates; ``screen`` is the cheap all-pairs statistic; ``matrix`` is the
 published MI matrix; ``changes`` detects changes against each pair's null; ``settings`` turns the configuration
-into the engine's; ``core`` runs the hop (select -> align -> rank -> screen -> estimate -> publish). Only
-``core`` touches the event loop; the rest is synchronous.
+into the engine's; ``core`` runs the hop (align -> rank -> select, with the screen -> estimate -> judge ->
+publish) over one ``hop`` record. Only ``core`` touches the event loop; the rest is synchronous.
 """
 
 from __future__ import annotations

@@ -64,7 +64,6 @@ from .screen import Screener
 from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.engine.core")
-
 __all__ = ["Engine", "EngineConfig", "EngineCounters"]
 
 
@@ -214,9 +213,11 @@ class Engine:
     def evaluate(self, end_tick: int) -> tuple[Snapshot, list[ChangeEvent]]:
         """Evaluate the window ending at end_tick (ns): one hop. Synchronous; safe to call directly.
 
-        The stages in order, each timed in ``counters.stage_s``: align the channels' window, rank each channel,
-        select the pairs (screen or rotation), estimate them (network, own rows, effective sizes), judge them
-        against their nulls, publish the matrix state."""
+        The stages in order: align the channels' window, rank each channel, select the pairs (screen or rotation),
+        estimate them (network, own rows, effective sizes), judge them against their nulls, publish the matrix
+        state. ``counters.stage_s`` times them as align (selection without the screen included), ranks, screen,
+        model, significance (effective sizes and nulls), gapped_pairs (own rows) and publish (the detector's
+        verdicts included): the keys of /metrics' streamcorr_stage_seconds."""
         hop = Hop(end_tick, time.perf_counter())
         self._align(hop)
         self._rank(hop)
@@ -314,7 +315,7 @@ class Engine:
         hop_pairs = [(names[a], names[b]) for a, b in zip(i, j, strict=True)]
         hop.done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
         own = None
-        if self.cfg.significance == "effective":  # smooth pairs' own nulls (significance.SurrogateNulls)
+        if self.cfg.significance == "effective":  # smooth pairs' own nulls (estimate.surrogates.SurrogateNulls)
             repeating = hop.repeats[i] | hop.repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
             own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, hop.u, hop.groups,
                                                  i, j, hop_pairs, hop.mi, hop.n_eff, done, hop.end_tick,

@@ -16,6 +16,14 @@ def _empty() -> np.ndarray:
     return np.zeros(0)
 
 
+def _no_index() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def _no_mask() -> np.ndarray:
+    return np.zeros(0, dtype=bool)
+
+
 @dataclass(eq=False)
 class Hop:
     """One hop's working arrays, filled in stage by stage (C channels, N samples, P selected pairs)."""
@@ -25,21 +33,21 @@ class Hop:
     chans: list[Channel] = field(default_factory=list)
     raw: np.ndarray = field(default_factory=_empty)  # (C, N) the aligned window, NaN where a channel has no sample
     window: np.ndarray = field(default_factory=_empty)  # (C, N) what is ranked: raw, or its innovations (prewhiten)
-    valid: np.ndarray = field(default_factory=_empty)  # (C, N)
-    fresh: np.ndarray = field(default_factory=_empty)  # (C, N) a new sample, not one held from an earlier tick
-    repeats: np.ndarray = field(default_factory=_empty)  # (C,) the channel repeats a sample somewhere in the window
+    valid: np.ndarray = field(default_factory=_no_mask)  # (C, N)
+    fresh: np.ndarray = field(default_factory=_no_mask)  # (C, N) a new sample, not one held from an earlier tick
+    repeats: np.ndarray = field(default_factory=_no_mask)  # (C,) the channel repeats a sample somewhere in the window
     ranks: list[np.ndarray | None] = field(default_factory=list)  # (N,) per fully valid channel
-    pick: np.ndarray = field(default_factory=_empty)  # (P,) indices into the engine's pairs
+    pick: np.ndarray = field(default_factory=_no_index)  # (P,) indices into the engine's pairs
     was_screened: np.ndarray | None = None  # (P,) the pair showed the screen's figure last hop
     screen_level: np.ndarray | None = None  # (P,) that figure
-    i: np.ndarray = field(default_factory=_empty)  # (P,) channel indices
-    j: np.ndarray = field(default_factory=_empty)
+    i: np.ndarray = field(default_factory=_no_index)  # (P,) channel indices
+    j: np.ndarray = field(default_factory=_no_index)
     u: np.ndarray = field(default_factory=_empty)  # (C, N) shared ranks of the channels the network saw
     coverage: np.ndarray = field(default_factory=_empty)  # (P,)
-    ok: np.ndarray = field(default_factory=_empty)  # (P,) enough coverage to be estimated
+    ok: np.ndarray = field(default_factory=_no_mask)  # (P,) enough coverage to be estimated
     mi: np.ndarray = field(default_factory=_empty)  # (P,) nats; NaN where not estimated
     n_eff: np.ndarray = field(default_factory=_empty)  # (P,) effective sample size
-    done: np.ndarray = field(default_factory=_empty)  # (P,) estimated this hop
+    done: np.ndarray = field(default_factory=_no_mask)  # (P,) estimated this hop
     groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # own-row pairs: (ranks, indices)
     done_pairs: list[tuple[str, str]] = field(default_factory=list)
 

@@ -127,17 +127,17 @@ class SurrogateNulls:
         n_eff: np.ndarray,
         done: np.ndarray,
         t_ns: int,
-        held: np.ndarray,
+        repeating: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """One hop's thresholds (per done pair; NaN where the table decides) from the surrogate nulls of smooth
-        pairs (n_eff below half the window) and of pairs with a held channel (``held``: one repeats samples on
+        pairs (n_eff below half the window) and of pairs with a held channel (``repeating``: one repeats samples on
         the clock's ticks; beside a smooth channel its repeated rows are near-copies, which the table's null of
         independent samples does not know) above the table's median, measuring those that are due. Ranks: the
         shared u (C, T) for pairs (i, j), or, for pairs on their own rows, a group's (ranks (2m, R), indices)."""
         if self.n_surrogates == 0 or not done.any():
             return None
         ne = np.where(done, n_eff, np.inf)
-        smooth = done & ((ne < 0.5 * table.window_len) | held) & (mi > table.median_at(np.minimum(ne, 1e9)))
+        smooth = done & ((ne < 0.5 * table.window_len) | repeating) & (mi > table.median_at(np.minimum(ne, 1e9)))
         if not smooth.any():
             return None
         due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff))

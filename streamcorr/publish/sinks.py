@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import dataclasses
 import functools
 import logging
 import math
@@ -106,15 +105,9 @@ class SinkCounters:
     extra: dict[str, float] = field(default_factory=dict)  # an output's own ledger (record: files, bytes deleted)
 
     def as_dict(self) -> dict[str, int | float]:
-        """Flat ``name: number`` form, for status messages (``sent_snapshot``, ``dropped_event``, ...)."""
-        out: dict[str, int | float] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, dict):
-                out.update({f"{f.name}_{k}": v for k, v in value.items()})
-            else:
-                out[f.name] = value
-        return out
+        """Flat ``name: number`` form, for status messages (``sent.snapshot``, ``dropped.event``, ...): the
+        daemon's key style (streamcorr.counters)."""
+        return flat_counters(self)
 
 
 TRIM_INTERVAL_S = 5.0  # return_free_memory() does its work at most this often
