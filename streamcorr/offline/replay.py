@@ -25,7 +25,9 @@ import dataclasses
 import json
 import math
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +78,28 @@ class ReplayResult:
     def speed(self) -> float:
         """x real time: stream seconds per wall second."""
         return self.stream_s / self.wall_s if self.wall_s > 0 else math.inf
+
+
+class _CtrlC:
+    """Ctrl-C (SIGINT) as a flag the replay loop reads between hops, so the interrupt never lands inside a model
+    call or a file write; a second Ctrl-C raises KeyboardInterrupt as usual. Only in the main thread (where
+    Python delivers signals); elsewhere the default KeyboardInterrupt stands."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._previous: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:
@@ -151,9 +175,10 @@ def replay(
     wall0 = time.perf_counter()
     last: Snapshot | None = None
     bar = _Progress(total, enabled=progress)
+    ctrl_c = _CtrlC()
     try:
         chunk_ns, newest_ns = t0_ns, None  # chunks of one hop on the grid from the first sample
-        while True:
+        while not ctrl_c.pressed:
             heads = [int(rec.series[n].t_ns[cursor[n]]) for n in names if cursor[n] < len(rec.series[n].t_ns)]
             if not heads:
                 break
@@ -177,9 +202,11 @@ def replay(
                 last = snap
             bar.update(pushed, len(writer.events))
             chunk_ns = until_ns
-    except KeyboardInterrupt:
+        interrupted = ctrl_c.pressed
+    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the main thread's handler
         interrupted = True
     finally:
+        ctrl_c.restore()
         bar.close()
         writer.close()
         try:
