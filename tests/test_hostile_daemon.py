@@ -5,44 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import msgpack
 import numpy as np
-import yaml
 import zmq
 
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import free_port, http_metrics, metric_sum
+from tests.helpers import daemon_process
 
 RATE = 10.0
 EXIT_BOUND_S = 40.0  # a liveness bound for shutdown, far above its design (~6 s), far below a long hop
-
-
-@contextmanager
-def _daemon(tmp_path: Path, cfg: dict[str, Any]) -> Iterator[subprocess.Popen[bytes]]:
-    """A `streamcorr run` subprocess logging to tmp_path/daemon.log; killed on exit if still running."""
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with (tmp_path / "daemon.log").open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)], stdout=log, stderr=log,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _dropped(text: str, stage: str, reason: str) -> float:
@@ -129,7 +109,7 @@ def test_one_hostile_message_does_not_stop_the_output(mqtt_broker, tmp_path):
             metrics = await asyncio.to_thread(http_metrics, http_port)
         return before, after, metrics
 
-    with _daemon(tmp_path, cfg) as proc:
+    with daemon_process(tmp_path, cfg) as proc:
         _wait_metrics(proc, http_port, log)
         deadline = time.monotonic() + 60
         while metric_sum(http_metrics(http_port), "streamcorr_source_connected") < 1:
@@ -182,7 +162,7 @@ def test_sigterm_during_a_long_hop_exits_within_a_bound(tmp_path):
     gaps = np.arange(100) % 20 == 7  # the same 5% of instants missing on every channel: coverage 0.95 < 1
     values = {n: [None if g else float(v) for g, v in zip(gaps, rng.standard_normal(100), strict=True)]
               for n in names}  # fmt: skip
-    with _daemon(tmp_path, cfg) as proc:
+    with daemon_process(tmp_path, cfg) as proc:
         _wait_metrics(proc, http_port, log)
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.connect(f"tcp://127.0.0.1:{p_in}")
