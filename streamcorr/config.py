@@ -252,10 +252,8 @@ class Changes(_Strict):
     # chance became-dependent events an hour over the whole matrix; the per-pair rate follows from the number of
     # pairs, the hop and the window (streamcorr.estimate.significance.per_evaluation_rate)
     false_alarms_per_hour: float = Field(1.0, gt=0, le=1e6)
-    # per pair and evaluation instead (overrides false_alarms_per_hour when set)
-    false_alarm_rate: float | None = Field(None, gt=0, lt=MAX_FALSE_ALARM_RATE)
-    # effective: the null at each pair's effective sample size (smooth signals); iid: as if every sample were
-    # independent (only for white-noise data)
+    false_alarm_rate: float | None = Field(None, gt=0, lt=MAX_FALSE_ALARM_RATE)  # per pair and hop (overrides that)
+    # effective: the null at each pair's effective sample size (smooth signals); iid: white-noise data only
     significance: Literal["effective", "iid"] = "effective"
     # circularly shifted surrogates per smooth pair for its own null (streamcorr.estimate.surrogates); 0: table only
     surrogates: int = Field(20, ge=0, le=256)
@@ -263,6 +261,8 @@ class Changes(_Strict):
     persist: int = Field(2, ge=1)  # evaluations in a row a change must hold before it is reported
     delta: float | None = Field(None, gt=0)  # nats for rise/fall (default: max(0.1, 6 x the null's std))
     rel_delta: float = Field(0.25, ge=0, lt=10)  # ... and this fraction of the pair's level
+    fast: bool = True  # events seconds after a change, beside the window's (streamcorr.engine.fast); off: window only
+    fast_window: int = Field(256, ge=64, le=4096)  # samples: the fast path's short window (<= window.samples / 4)
 
 
 class ZmqOutput(_Strict):

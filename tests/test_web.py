@@ -77,7 +77,8 @@ def test_ws_pushes_snapshot_event_and_status_json() -> None:
                 await view.publish_event(ChangeEvent(("a", "b"), 0.01, 0.8, 123, "became-dependent"))
                 ev = await _receive_json(ws, "event")
                 assert ev == {"kind": "event", "pair": ["a", "b"], "previous": 0.01, "current": 0.8,
-                              "change": "became-dependent", "t_ns": 123, "initial": False}  # fmt: skip
+                              "change": "became-dependent", "t_ns": 123, "initial": False, "onset_t_ns": None,
+                              "path": "window"}  # fmt: skip
                 await view.publish_status("online", {"hops": 3, "channels": 3, "healthy": 1, "src.samples_handed": 9,
                                                      "src.dropped": 2, "engine.dropped.late": 1})  # fmt: skip
                 status = await _receive_json(ws, "status")

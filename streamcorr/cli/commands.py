@@ -254,7 +254,7 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 
 def _check(args: argparse.Namespace) -> int:
     from ..config import exposed_listeners, load_config
-    from ..engine.settings import EngineConfig
+    from ..engine.settings import EngineConfig, fast_path_cost
 
     cfg = load_config(args.config)
     ec = EngineConfig.from_config(cfg)
@@ -272,6 +272,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"  source {s.type}: {where}")
     print(f"  window {ec.window_len} samples at {ec.rate_hz:g} Hz ({ec.window_len / ec.rate_hz:g} s), "
           f"hop {ec.hop_samples} samples; pairs: {cfg.pairs.mode}")  # fmt: skip
+    n = len(ec.channels)
+    print(f"  changes: {fast_path_cost(ec, n * (n - 1) // 2 if cfg.pairs.mode == 'all' and n > 1 else None)}")
     if (rec := cfg.outputs.record) is not None:
         print(f"  record: {rec.directory} (writable), a new file every {rec.rotate_s:g} s, "
               f"at most {rec.max_bytes:,} bytes")  # fmt: skip

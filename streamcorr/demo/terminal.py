@@ -179,7 +179,9 @@ def _events_table(events: Iterable[ChangeEvent], limit: int) -> Table:
         style = _EVENT_STYLE.get(ev.kind, "")
         table.add_row(
             f"{ev.t_ns / 1e9:.1f}",
-            Text(ev.kind + (" (initial)" if ev.initial else ""), style=style),
+            Text(
+                ev.kind + (" (initial)" if ev.initial else "") + (" (fast)" if ev.path == "fast" else ""), style=style
+            ),
             f"{ev.pair[0]} ~ {ev.pair[1]}",
             f"{ev.previous:.2f} → {ev.current:.2f}",
         )
@@ -370,6 +372,9 @@ class TerminalView:
         t.append(f" {ev.pair[0]}~{ev.pair[1]} {ev.previous:.2f}->{ev.current:.2f}")
         if ev.initial:
             t.append(" (initial: dependent when first assessed)", style="dim")
+        if ev.onset_t_ns is not None:
+            fast = " (fast path)" if ev.path == "fast" else ""
+            t.append(f" began {(ev.t_ns - ev.onset_t_ns) / 1e9:.1f}s before{fast}", style="dim")
         return t
 
     async def run(

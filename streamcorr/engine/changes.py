@@ -42,6 +42,7 @@ log = logging.getLogger("streamcorr.engine.changes")
 
 
 EventKind = Literal["rise", "fall", "became-dependent", "became-independent"]
+EventPath = Literal["window", "fast"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class ChangeEvent:
     # True for the verdict of a pair's first assessment (became-dependent only): dependent from the start,
     # not an onset seen in the stream
     initial: bool = False
+    onset_t_ns: int | None = None  # stream time the change is estimated to have begun (None: no estimate)
+    path: EventPath = "window"  # which detector saw it: the window estimate, or the fast path (engine.fast)
 
 
 class ChangeDetector:
@@ -94,6 +97,8 @@ class ChangeDetector:
         self._level: dict[tuple[str, str], float] = {}
         self._streak: dict[tuple[str, str], tuple[str, int]] = {}
         self._seen_low: set[tuple[str, str]] = set()  # pairs seen independent: a later crossing is an onset
+        # pairs the fast path flipped: the window's verdicts wait until this stream time (ns), when it has caught up
+        self._hold_until: dict[tuple[str, str], int] = {}
 
     @property
     def alpha(self) -> float:
@@ -160,6 +165,12 @@ class ChangeDetector:
             self._dependent[pair] = dependent = False
             self._level[pair] = mi
         prev = self._level[pair]
+        held = self._hold_until.get(pair)
+        if held is not None:
+            if t_ns < held:  # the window still holds samples from before the fast path's change
+                return None
+            del self._hold_until[pair]
+            self._level[pair] = prev = mi  # the window caught up: its level, not the short window's, is the base
         if not dependent and mi < lo:
             self._seen_low.add(pair)
         candidate: EventKind | None = None
@@ -184,6 +195,29 @@ class ChangeDetector:
         self._level[pair] = mi
         return ChangeEvent(pair, prev, mi, t_ns, candidate, initial=initial)
 
+    def fast_change(
+        self, pair: tuple[str, str], kind: EventKind, mi: float, t_ns: int, onset_t_ns: int, hold_ns: int
+    ) -> ChangeEvent | None:
+        """A state change the fast path (streamcorr.engine.fast) confirmed: flip the pair now and hold the window's
+        verdicts on it for hold_ns (until its window holds only samples after the change). None when the pair's
+        state is already ``kind`` or it was never assessed."""
+        dependent = self._dependent.get(pair)
+        if dependent is None or dependent == (kind == "became-dependent"):
+            return None
+        prev = self._level[pair]
+        initial = kind == "became-dependent" and pair not in self._seen_low
+        if kind == "became-independent":
+            self._seen_low.add(pair)
+        self._dependent[pair] = kind == "became-dependent"
+        self._level[pair] = mi
+        self._streak.pop(pair, None)
+        self._hold_until[pair] = t_ns + hold_ns
+        return ChangeEvent(pair, prev, mi, t_ns, kind, initial=initial, onset_t_ns=onset_t_ns, path="fast")
+
+    def holding(self, pair: tuple[str, str], t_ns: int) -> bool:
+        """True while the window's verdicts on a pair wait for its window to catch up with a fast change."""
+        return t_ns < self._hold_until.get(pair, t_ns)
+
     def prime(self, pair: tuple[str, str], level: float = 0.0) -> None:
         """Start a pair not yet evaluated as independent at `level` nats (e.g. it failed the dependence screen),
         so that its first evaluation above the threshold counts towards became-dependent as an onset."""
@@ -192,12 +226,16 @@ class ChangeDetector:
             self._level[pair] = level
             self._seen_low.add(pair)
 
+    def held_pairs(self) -> list[tuple[str, str]]:
+        """Every pair now held dependent."""
+        return [p for p, dependent in self._dependent.items() if dependent]
+
     def is_dependent(self, pair: tuple[str, str]) -> bool | None:
         return self._dependent.get(pair)
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of every pair with a channel in ``channels`` (retired): a name that returns starts anew."""
-        for state in (self._dependent, self._level, self._streak):
+        for state in (self._dependent, self._level, self._streak, self._hold_until):
             for pair in [p for p in state if p[0] in channels or p[1] in channels]:
                 del state[pair]
         self._seen_low = {p for p in self._seen_low if p[0] not in channels and p[1] not in channels}

@@ -36,7 +36,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any
 
 import numpy as np
 
@@ -45,6 +44,7 @@ from ..compute.local import LocalEvaluator, PairEvaluator, stoppable
 from ..estimate.estimator import Estimator
 from ..estimate.significance import (
     N_FEATURES,
+    NullTable,
     autocorrelation,
     estimate_own_rows,
     max_lag,
@@ -56,12 +56,14 @@ from ..estimate.surrogates import SurrogateNulls
 from ..logutil import RateLimitedLog
 from .buffers import ChannelCounters
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
+from .fanout import Fanout
+from .fast import FastPath, window_onsets
 from .hop import Hop
 from .intake import EngineCounters, Intake
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
-from .settings import EngineConfig
+from .settings import EngineConfig, sentinel_len
 
 log = logging.getLogger("streamcorr.engine.core")
 __all__ = ["Engine", "EngineConfig", "EngineCounters"]
@@ -106,16 +108,12 @@ class Engine:
         self.detector = ChangeDetector(
             self.calibration, self._alpha(1), config.min_effect, config.delta, config.persist, config.rel_delta
         )
-        self.screener = Screener(
-            mode=config.screening,
-            window_len=config.window_len,
-            hop_s=config.hop_samples / config.rate_hz,
-            min_effect=config.min_effect,
-            max_age_s=config.max_age_s,
-            hop_budget=config.hop_budget,
-            max_pairs_per_hop=config.max_pairs_per_hop,
-            cache_dir=cache_dir(),
-        )
+        self.fast: FastPath | None = None
+        if config.fast:
+            self.fast = FastPath(self.est, self.detector, self._null, window_len=config.window_len,
+                                 period_ns=self.resampler.period_ns, hop_samples=config.hop_samples,
+                                 sentinel_len=sentinel_len(config))  # fmt: skip
+        self.screener = Screener.for_engine(config, cache_dir())
         # smooth pairs' own nulls, measured again once their window has been replaced
         self.surrogates = SurrogateNulls(config.surrogates, config.window_len * self.resampler.period_ns)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
@@ -125,18 +123,24 @@ class Engine:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="streamcorr-hop")
         self._hop: concurrent.futures.Future[tuple[Snapshot, list[ChangeEvent]]] | None = None  # in the thread
         self._task: asyncio.Task[None] | None = None
-        self._snap_queues: list[asyncio.Queue[Any]] = []
-        self._event_queues: list[asyncio.Queue[Any]] = []
+        self.fanout = Fanout(self.counters, config.queue_size)  # subscribers' bounded queues
         self.latest: Snapshot | None = None
         self._last_window: tuple[tuple[str, ...], np.ndarray] | None = None  # (names, (C, N)) of the newest hop
 
-    def _alpha(self, n_pairs: int) -> float:
-        """False-alarm rate per pair and evaluation: the configured one, or from false_alarms_per_hour."""
+    def _alpha(self, n_pairs: int, fast: FastPath | None = None) -> float:
+        """False-alarm rate per pair and evaluation: the configured one, or from false_alarms_per_hour (half of it
+        when the fast path's sentinel takes the other half: pass it for the sentinel's own rate)."""
         cfg = self.cfg
         if cfg.false_alarm_rate is not None:
             return cfg.false_alarm_rate
-        hop_s = cfg.hop_samples / cfg.rate_hz
-        return per_evaluation_rate(cfg.false_alarms_per_hour, n_pairs, hop_s, cfg.window_len / cfg.rate_hz, cfg.persist)
+        hop_s, per_hour = cfg.hop_samples / cfg.rate_hz, cfg.false_alarms_per_hour / (2 if cfg.fast else 1)
+        if fast is not None:
+            return per_evaluation_rate(per_hour, n_pairs, hop_s, fast.sentinel_len / cfg.rate_hz, fast.persist)
+        return per_evaluation_rate(per_hour, n_pairs, hop_s, cfg.window_len / cfg.rate_hz, cfg.persist)
+
+    def _null(self, window_len: int) -> NullTable:
+        """The null table of windows of window_len samples (the fast path's short windows)."""
+        return cached_calibration(self.est.fingerprint, self.est.estimate_batch, window_len, self.est.ties)
 
     # -- channels ---------------------------------------------------------------------------------
     @property
@@ -182,6 +186,8 @@ class Engine:
         if gone:
             self.state.remove_channels(gone)
             self.detector.forget(gone)
+            if self.fast is not None:
+                self.fast.forget(gone)
             self.surrogates.forget_channels(gone)
         self.state.add_channels(new)  # one regrowth of the matrices for all of them
         prev, names = self._scheduler, self.state.channels
@@ -192,6 +198,8 @@ class Engine:
         # the budget is applied in _next_pairs
         self._scheduler = Scheduler(self._pairs, max(1, len(self._pairs)), min_effect=self.cfg.min_effect)
         self.detector.alpha = self._alpha(max(1, len(self._pairs)))  # the matrix's false-alarm budget, shared
+        if self.fast is not None:
+            self.fast.alpha = self._alpha(max(1, len(self._pairs)), self.fast)
         pair_names = [(names[a], names[b]) for a, b in self._pairs.tolist()]
         keep = [(k, old[p]) for k, p in enumerate(pair_names) if p in old and p[0] in kept and p[1] in kept]
         if keep:
@@ -224,6 +232,7 @@ class Engine:
         self._select(hop)
         self._estimate(hop)
         events = self._judge(hop)
+        events += self._fast(hop)
         return self._publish(hop), events
 
     def _align(self, hop: Hop) -> None:
@@ -260,6 +269,7 @@ class Engine:
         cnt.max_age_overdue += plan.overdue
         cnt.screen_deferred += plan.deferred
         hop.pick = self._next_pairs(plan.pick)  # a pair cut here keeps its cell and its age
+        hop.flagged = plan.flagged
         pp = self._pairs[hop.pick]
         hop.was_screened = self.state.source[pp[:, 0], pp[:, 1]] == SOURCE_SCREEN  # last hop: failed the screen
         hop.screen_level = self.state.mi[pp[:, 0], pp[:, 1]]
@@ -321,7 +331,18 @@ class Engine:
                                                  i, j, hop_pairs, hop.mi, hop.n_eff, done, hop.end_tick,
                                                  repeating)  # fmt: skip
         hop.lap(self.counters, "significance")
-        return self.detector.update_many(hop.done_pairs, hop.mi[done], hop.n_eff[done], hop.end_tick, own)
+        events = self.detector.update_many(hop.done_pairs, hop.mi[done], hop.n_eff[done], hop.end_tick, own)
+        if events and hop.u.size:  # when each began, from the window's evidence
+            events = window_onsets(self.est, events, hop.u, self.state.channels, self.resampler.period_ns)
+        return events
+
+    def _fast(self, hop: Hop) -> list[ChangeEvent]:
+        """The fast path's events (streamcorr.engine.fast)."""
+        if self.fast is None:
+            return []
+        events = self.fast.step(hop, self.channels, self._pairs)
+        hop.lap(self.counters, "fast")
+        return events
 
     def _publish(self, hop: Hop) -> Snapshot:
         """The matrix state, the scheduler's view of each estimated pair, and the snapshot."""
@@ -364,8 +385,7 @@ class Engine:
 
     def queue_depths(self) -> dict[str, int]:
         """Items waiting in each subscriber queue (bounded by ``queue_size``; the oldest dropped, counted)."""
-        depths = {f"engine_snapshots_{k}": q.qsize() for k, q in enumerate(self._snap_queues)}
-        return depths | {f"engine_events_{k}": q.qsize() for k, q in enumerate(self._event_queues)}
+        return self.fanout.depths()
 
     async def start(self) -> None:
         if self._task is None:
@@ -412,11 +432,9 @@ class Engine:
                     log.exception("evaluation of the window ending at %d ns failed", end)
                     continue
                 self.latest = snap
-                for q in self._snap_queues:
-                    self._offer(q, snap, "snapshots_dropped")
+                self.fanout.offer("snapshots", snap)
                 for ev in events:
-                    for eq in self._event_queues:
-                        self._offer(eq, ev, "events_dropped")
+                    self.fanout.offer("events", ev)
 
     async def flush(self) -> None:
         """Wait until every window that is due has been evaluated and published (replay, tests); at once when the
@@ -430,31 +448,12 @@ class Engine:
     async def drained(self) -> None:
         """Wait until every subscriber has taken, and come back after, each snapshot and event handed to it so
         far (the daemon's outputs have them)."""
-        await asyncio.gather(*(q.join() for q in [*self._snap_queues, *self._event_queues]))
-
-    def _offer(self, q: asyncio.Queue[Any], item: Any, counter: str) -> None:
-        if q.full():
-            q.get_nowait()  # drop the oldest: subscribers want the newest state
-            q.task_done()
-            setattr(self.counters, counter, getattr(self.counters, counter) + 1)
-        q.put_nowait(item)
-
-    async def _subscribe(self, queues: list[asyncio.Queue[Any]], timeout_s: float | None) -> AsyncIterator[Any]:
-        q: asyncio.Queue[Any] = asyncio.Queue(self.cfg.queue_size)
-        queues.append(q)
-        try:
-            while True:
-                yield await asyncio.wait_for(q.get(), timeout_s)
-                q.task_done()  # the subscriber came back for the next one: it is done with this one
-        except TimeoutError:
-            return
-        finally:
-            queues.remove(q)
+        await self.fanout.drained()
 
     def snapshots(self, timeout_s: float | None = None) -> AsyncIterator[Snapshot]:
         """Every new snapshot, from now on; ends after timeout_s without one."""
-        return self._subscribe(self._snap_queues, timeout_s)
+        return self.fanout.subscribe("snapshots", timeout_s)
 
     def events(self, timeout_s: float | None = None) -> AsyncIterator[ChangeEvent]:
         """Every change event, from now on; ends after timeout_s without one."""
-        return self._subscribe(self._event_queues, timeout_s)
+        return self.fanout.subscribe("events", timeout_s)

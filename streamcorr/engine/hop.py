@@ -38,6 +38,7 @@ class Hop:
     repeats: np.ndarray = field(default_factory=_no_mask)  # (C,) the channel repeats a sample somewhere in the window
     ranks: list[np.ndarray | None] = field(default_factory=list)  # (N,) per fully valid channel
     pick: np.ndarray = field(default_factory=_no_index)  # (P,) indices into the engine's pairs
+    flagged: np.ndarray | None = None  # (n_pairs,) bool: passed the dependence screen (None: no screen this hop)
     was_screened: np.ndarray | None = None  # (P,) the pair showed the screen's figure last hop
     screen_level: np.ndarray | None = None  # (P,) that figure
     i: np.ndarray = field(default_factory=_no_index)  # (P,) channel indices

@@ -52,6 +52,7 @@ import numpy as np
 from ..errors import ConfigError, InputError
 from ..estimate.copula import marginal_histograms, pair_histograms, rank_transform
 from .scheduler import Scheduler
+from .settings import EngineConfig
 
 log = logging.getLogger("streamcorr.engine.screen")
 
@@ -277,6 +278,7 @@ class ScreenPlan:
     budget: int  # network pairs allowed this hop
     overdue: int = 0  # pairs due for their max_age estimate that did not fit the budget
     deferred: int = 0  # pairs that passed the screen but did not fit the budget (they wait)
+    flagged: np.ndarray | None = None  # (n_pairs,) bool: passed the screen this hop
 
 
 class Screener:
@@ -286,6 +288,13 @@ class Screener:
     model's pairs/s (measured by a short probe at the first large hop, then from every hop's model time);
     "on" always screens; "off" never (every selected pair each hop, or the stalest ``max_pairs_per_hop``).
     """
+
+    @classmethod
+    def for_engine(cls, cfg: EngineConfig, cache_dir: Path | None = None) -> Screener:
+        """The screener of an engine with these settings."""
+        return cls(mode=cfg.screening, window_len=cfg.window_len, hop_s=cfg.hop_samples / cfg.rate_hz,
+                   min_effect=cfg.min_effect, max_age_s=cfg.max_age_s, hop_budget=cfg.hop_budget,
+                   max_pairs_per_hop=cfg.max_pairs_per_hop, cache_dir=cache_dir)  # fmt: skip
 
     PROBE_PAIRS = 128
     SMALL = 256  # auto: at most this many pairs never need screening, and never pay for the probe
@@ -407,5 +416,5 @@ class Screener:
         screened = np.flatnonzero(screenable & ~picked & ~passed)
         mi = screen_mi(stat[screened], self.window_len, cal.n_basis)
         return ScreenPlan(
-            pick, screened, mi, int(passed.sum()), budget, scheduler.last_overdue, scheduler.last_deferred
+            pick, screened, mi, int(passed.sum()), budget, scheduler.last_overdue, scheduler.last_deferred, passed
         )

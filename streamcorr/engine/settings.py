@@ -60,6 +60,8 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "persist": (Changes, "persist"),
     "delta": (Changes, "delta"),
     "rel_delta": (Changes, "rel_delta"),
+    "fast": (Changes, "fast"),
+    "fast_window": (Changes, "fast_window"),
 }
 _SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes"}
 _SECTION_KEYS: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: EngineConfig field}
@@ -97,6 +99,8 @@ class EngineConfig:
     persist: int = _default("persist")
     delta: float | None = _default("delta")  # nats a dependent pair must move for rise/fall (None: from the null)
     rel_delta: float = _default("rel_delta")  # ... and this fraction of its level
+    fast: bool = _default("fast")  # the fast change path (streamcorr.engine.fast)
+    fast_window: int = _default("fast_window")  # samples: its sentinel's short window
     auto_add_channels: bool = _default("auto_add_channels")
     max_channels: int = _default("max_channels")  # channels in all, configured ones first; more names refused
     auto_pairs_per_hop: int = _default("auto_pairs_per_hop")  # pairs with an auto-added channel per hop, at most
@@ -140,6 +144,30 @@ class EngineConfig:
         values = {name: getattr(getattr(cfg, _SECTION[section]), key) for name, (section, key) in ENGINE_KEYS.items()}
         return cls(**values, hop_samples=cfg.hop_samples(), pairs=pair_selection(cfg.pairs),
                    estimator=estimator_kwargs(cfg.estimator))  # fmt: skip
+
+
+# the fast path's sentinel (streamcorr.engine.fast) tests at most this share of the hop's network pairs, or this many
+SENTINEL_SHARE = 0.1
+SENTINEL_MIN_PAIRS = 128
+
+
+def fast_path_cost(cfg: EngineConfig, n_pairs: int | None) -> str:
+    """What the fast path adds to each hop, in words (``streamcorr check``), for n_pairs pairs (None: unknown)."""
+    if not cfg.fast:
+        return "fast path off: change events come from the window estimate only (about a window after a change)"
+    refresh = cfg.hop_samples / cfg.window_len
+    most = SENTINEL_MIN_PAIRS
+    if n_pairs is not None:
+        most = min(n_pairs, max(SENTINEL_MIN_PAIRS, round(SENTINEL_SHARE * n_pairs)))
+    return (f"fast path on: per hop, one network pass over the newest {sentinel_len(cfg)} samples of up to {most:,} "
+            f"pairs held independent (or {SENTINEL_SHARE:.0%} of the hop's network pairs), a table lookup per new "
+            f"sample of each pair held dependent, and new tables for {refresh:.1%} of those")  # fmt: skip
+
+
+def sentinel_len(cfg: EngineConfig) -> int:
+    """Samples of the fast path's short window: changes.fast_window, at most a quarter of the window (64 or more),
+    so that it sees a change well before the window does."""
+    return min(cfg.window_len, max(64, min(cfg.fast_window, cfg.window_len // 4)))
 
 
 def pair_selection(p: Pairs) -> PairSelection:

@@ -278,6 +278,16 @@ def _line_svg(
         for e in events
         for c in [_KIND_COLOR.get(e["change"], "#000")]
     )
+    onsets = "".join(  # a dashed line from the estimated onset to the event: how late it was seen
+        f"<line class='onset' x1='{_x(e['onset_t_ns'], hops):.1f}' x2='{_x(e['t_ns'], hops):.1f}' "
+        f"y1='{y(e['current']):.1f}' y2='{y(e['current']):.1f}' stroke='{c}' stroke-dasharray='3 2'>"
+        f"<title>{_esc('onset of ' + _event_text(e, t0))}</title></line>"
+        f"<line class='onset' x1='{_x(e['onset_t_ns'], hops):.1f}' x2='{_x(e['onset_t_ns'], hops):.1f}' "
+        f"y1='{y(e['current']) - 5:.1f}' y2='{y(e['current']) + 5:.1f}' stroke='{c}' stroke-width='2'/>"
+        for e in events
+        if e.get("onset_t_ns") is not None
+        for c in [_KIND_COLOR.get(e["change"], "#000")]
+    )
     band = _dependent_band(t, dep, hops, color)
     axis = (_time_axis(hops, t0, _H - _PAD_B, _H - 4)
             + f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
@@ -292,7 +302,7 @@ def _line_svg(
     return (f"<figure class='line'><figcaption style='color:{color}'>{name} <span class='note'>peak "
             f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events{sig}</span>"
             f"</figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label='{name}'>"
-            f"{axis}{band}{lines}{marks}</svg></figure>")  # fmt: skip
+            f"{axis}{band}{lines}{onsets}{marks}</svg></figure>")  # fmt: skip
 
 
 def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str) -> str:
@@ -313,7 +323,9 @@ def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str
 
 def _event_text(e: dict[str, Any], t0: float) -> str:
     initial = " (initial)" if e.get("initial") else ""
-    return f"{e['time'] - t0:.1f} s: {e['change']}{initial} {e['previous']:.3f} -> {e['current']:.3f}"
+    fast = " (fast path)" if e.get("path") == "fast" else ""
+    onset = "" if e.get("onset_t_ns") is None else f", began about {e['onset_t_ns'] / 1e9 - t0:.1f} s"
+    return f"{e['time'] - t0:.1f} s: {e['change']}{initial}{fast} {e['previous']:.3f} -> {e['current']:.3f}{onset}"
 
 
 def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> str:
@@ -337,11 +349,13 @@ def _event_table(events: list[dict[str, Any]], t0: float) -> str:
         f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}"
         + (initial if e.get("initial") else "")
         + "</td>"
-        f"<td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td></tr>"
+        f"<td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td>"
+        f"<td>{'' if e.get('onset_t_ns') is None else format(e['onset_t_ns'] / 1e9 - t0, '.1f')}</td>"
+        f"<td>{_esc(e.get('path') or 'window')}</td></tr>"
         for e in events
     )
-    return ("<table class='events'><tr><th>t (s)</th><th>pair</th><th>change</th><th>MI (nats)</th></tr>"
-            f"{rows}</table>")  # fmt: skip
+    return ("<table class='events'><tr><th>t (s)</th><th>pair</th><th>change</th><th>MI (nats)</th>"
+            f"<th>onset (s)</th><th>seen by</th></tr>{rows}</table>")  # fmt: skip
 
 
 def _png_data_uri(rgb: np.ndarray) -> str:

@@ -21,6 +21,7 @@ _OPTIONAL = {"dependent": "bool", "n_eff": "float32"}  # absent from older outpu
 _TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
 _EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
                 "previous": "float64", "current": "float64"}  # fmt: skip
+_EVENT_OPTIONAL = {"initial": "bool", "onset_t_ns": "int64", "path": "string"}  # absent from older output: nulls
 MAX_ROWS = 5_000_000  # timeline rows a report reads (each row is a pair at a hop): beyond, a named error
 MAX_EVENTS = 100_000
 MAX_NAME_CHARS = 1024  # channel names longer than this are not from streamcorr
@@ -83,7 +84,7 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
         tab = pa.concat_tables([read(p, {c: _TYPES[c] for c in ("t_ns", "a", "b", "mi")}, _OPTIONAL, MAX_ROWS)
                                 for p in timeline])  # fmt: skip
         rows[0] = 0
-        events = [e for p in event_files for e in read(p, _EVENT_TYPES, {"initial": "bool"}, MAX_EVENTS).to_pylist()]
+        events = [e for p in event_files for e in read(p, _EVENT_TYPES, _EVENT_OPTIONAL, MAX_EVENTS).to_pylist()]
         tables = _tables(_json_object(outdir / "tables.json"))
         for key in ("t_start", "t_end"):
             value = info.get(key, 0.0)

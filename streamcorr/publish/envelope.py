@@ -27,6 +27,8 @@ misread a message.
 | `previous`     | float                       | last reported MI of the pair, nats                                 |
 | `current`      | float                       | MI now, nats                                                       |
 | `initial`      | bool (opt.; absent: false)  | `became-dependent` at the pair's first assessment, not an onset    |
+| `onset_t_ns`   | int or nil (opt.)           | estimated start of the change, stream ns; nil: no estimate         |
+| `path`         | str (opt.; absent: window)  | which detector saw it: `"window"` estimate or `"fast"` path        |
 | *status:*      |                             |                                                                    |
 | `state`        | str                         | `"online"` or `"offline"`                                          |
 | `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
@@ -55,6 +57,8 @@ Decoding without streamcorr (Python here; any language with msgpack and a float3
             dependent = np.frombuffer(m["dependent"]["data"], dtype=np.uint8).reshape(mi.shape).astype(bool)
     elif m["kind"] == "event":
         print(m["pair"], m["change"], m["previous"], "->", m["current"], m.get("initial", False))
+        # when the change began (stream ns; nil: no estimate) and which detector saw it ("window" or "fast")
+        print(m["t_ns"] - (m.get("onset_t_ns") or m["t_ns"]), "ns after the onset", m.get("path", "window"))
 
 Round trip with streamcorr:
 
@@ -74,6 +78,9 @@ Round trip with streamcorr:
 >>> ev = ChangeEvent(("a", "b"), 0.0, 0.4, 10**9, "became-dependent", initial=True)
 >>> decode(encode_event(ev, seq=1)).initial
 True
+>>> out = decode(encode_event(replace(ev, onset_t_ns=4 * 10**8, path="fast"), seq=2))  # when it began, who saw it
+>>> out.onset_t_ns, out.path
+(400000000, 'fast')
 """
 
 from __future__ import annotations
@@ -270,6 +277,8 @@ def encode_event(ev: ChangeEvent, *, seq: int, wall_ns: int | None = None) -> by
         "previous": float(ev.previous),
         "current": float(ev.current),
         "initial": bool(ev.initial),
+        "onset_t_ns": None if ev.onset_t_ns is None else int(ev.onset_t_ns),
+        "path": ev.path,
     }
     return msgpack.packb(msg, use_bin_type=True)
 
@@ -320,8 +329,6 @@ def _decode_matrix(m: Mapping[str, Any], key: str, n: int, dtypes: tuple[str, ..
     dtype = spec.get("dtype")
     if dtype not in dtypes:
         raise EnvelopeError(f"snapshot matrix {key!r} has dtype {dtype!r}; this reader knows {dtypes}")
-    if dtype == _BYTE_DTYPE:
-        return _decode_bytes(spec, key, n)
     if spec.get("shape") != [n, n]:
         raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
     data = spec.get("data")
@@ -329,17 +336,10 @@ def _decode_matrix(m: Mapping[str, Any], key: str, n: int, dtypes: tuple[str, ..
     if not isinstance(data, bytes) or len(data) != n * n * itemsize:
         size = len(data) if isinstance(data, bytes) else type(data).__name__
         raise EnvelopeError(f"snapshot matrix {key!r} data must be {n * n * itemsize} bytes; got {size}")
+    if dtype == _BYTE_DTYPE:
+        return np.frombuffer(data, dtype=np.uint8).reshape(n, n).copy()
     with np.errstate(invalid="ignore"):  # a signalling NaN on the wire stays a NaN, without a warning
         return np.frombuffer(data, dtype=dtype).reshape(n, n).astype(np.float64)
-
-
-def _decode_bytes(spec: Mapping[str, Any], key: str, n: int) -> np.ndarray:
-    if spec.get("shape") != [n, n]:
-        raise EnvelopeError(f"snapshot matrix {key!r} has shape {spec.get('shape')!r}; expected [{n}, {n}]")
-    data = spec.get("data")
-    if not isinstance(data, bytes) or len(data) != n * n:
-        raise EnvelopeError(f"snapshot matrix {key!r} data must be {n * n} bytes")
-    return np.frombuffer(data, dtype=np.uint8).reshape(n, n).copy()
 
 
 def _decode_pairs(raw: Any, n: int) -> tuple[tuple[int, int, float], ...]:
@@ -382,18 +382,8 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         age_s, coverage = np.full((n, n), np.nan), np.full((n, n), np.nan)
     else:
         raise EnvelopeError("snapshot envelope has neither matrices ('mi') nor 'pairs'")
-    snap = Snapshot(
-        seq=_int(m, "snapshot_seq", "snapshot", 0, _UINT64_MAX),
-        t_ns=_int(m, "t_ns", "snapshot"),
-        wall_ns=wall_ns,
-        channels=tuple(channels),
-        mi=mi,
-        age_s=age_s,
-        coverage=coverage,
-        source=source,
-        dependent=dependent,
-        n_eff=n_eff,
-    )
+    snap = Snapshot(_int(m, "snapshot_seq", "snapshot", 0, _UINT64_MAX), _int(m, "t_ns", "snapshot"), wall_ns,
+                    tuple(channels), mi, age_s, coverage, source=source, dependent=dependent, n_eff=n_eff)  # fmt: skip
     return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
 
 
@@ -409,7 +399,10 @@ def _decode_event(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
     initial = m.get("initial", False)  # absent from older publishers
     if not isinstance(initial, bool):
         raise EnvelopeError(f"event field 'initial' has type {type(initial).__name__}; expected bool")
-    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change, initial)
+    onset = None if m.get("onset_t_ns") is None else _int(m, "onset_t_ns", "event")  # absent (older) or nil
+    if (path := m.get("path", "window")) not in ("window", "fast"):
+        raise EnvelopeError(f"event field 'path' must be 'window' or 'fast'; got {path!r:.40}")
+    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change, initial, onset, path)
     return Message("event", seq, ev, wall_ns)
 
 

@@ -19,7 +19,9 @@ n_eff      float32   effective sample size of the pair's newest network window; 
 Events (``events.parquet`` and ``events.jsonl``, one object per line with the same keys): ``time`` (float64 s),
 ``t_ns``, ``a``, ``b``, ``change`` (``became-dependent``, ``became-independent``, ``rise``, ``fall``),
 ``previous`` and ``current`` (nats), ``initial`` (bool: a ``became-dependent`` at the pair's first assessment,
-dependent from the start rather than an onset).
+dependent from the start rather than an onset), ``onset_t_ns`` (int64, null without an estimate: the stream time
+the change is estimated to have begun; ``time`` and ``t_ns`` stay the time it was detected) and ``path``
+(``window`` or ``fast``: the detector that saw it, streamcorr.engine.fast).
 
 Rows are written in row groups as hops arrive, and events line by line, so a stop part way (Ctrl-C) leaves
 both files readable with every hop done so far once :meth:`HistoryWriter.close` has run.
@@ -40,7 +42,7 @@ from ..errors import InputError
 __all__ = ["EVENT_COLUMNS", "TIMELINE_COLUMNS", "HistoryWriter"]
 
 TIMELINE_COLUMNS = ("time", "t_ns", "a", "b", "mi", "coverage", "age_s", "source", "dependent", "n_eff")
-EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current", "initial")
+EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current", "initial", "onset_t_ns", "path")
 SOURCE_NAMES = {SOURCE_NETWORK: "network", SOURCE_SCREEN: "screen"}
 _ROWS_PER_GROUP = 1 << 17
 
@@ -76,13 +78,15 @@ def event_schema() -> Any:
     pa = _pa()
     fields = [("time", pa.float64()), ("t_ns", pa.int64()), ("a", pa.string()), ("b", pa.string())]
     levels = [("previous", pa.float64()), ("current", pa.float64()), ("initial", pa.bool_())]
-    return pa.schema([*fields, ("change", pa.string()), *levels])
+    when = [("onset_t_ns", pa.int64()), ("path", pa.string())]
+    return pa.schema([*fields, ("change", pa.string()), *levels, *when])
 
 
 def event_row(ev: ChangeEvent) -> dict[str, Any]:
     a, b = ev.pair
     return {"time": ev.t_ns / 1e9, "t_ns": ev.t_ns, "a": a, "b": b, "change": ev.kind,
-            "previous": ev.previous, "current": ev.current, "initial": bool(ev.initial)}  # fmt: skip
+            "previous": ev.previous, "current": ev.current, "initial": bool(ev.initial),
+            "onset_t_ns": ev.onset_t_ns, "path": ev.path}  # fmt: skip
 
 
 def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndarray]:

@@ -11,7 +11,9 @@ counted in ``counters.dropped``). Sequence numbers are checked per topic: messag
 counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
 Besides ``mi``, a snapshot carries ``snap.dependent`` (the change detector's verdict per cell: a cell with MI
 but False is not significant) and ``snap.n_eff`` (effective sample sizes); both are None from publishers that
-do not send them. An event's ``ev.initial`` marks a pair found dependent at its first assessment.
+do not send them. An event's ``ev.initial`` marks a pair found dependent at its first assessment, ``ev.onset_t_ns``
+is when the change is estimated to have begun (None: no estimate) and ``ev.path`` which detector saw it
+(``"fast"``: the fast path, seconds after the change; ``"window"``: the window estimate).
 
 Each snapshot says where it comes from in ``snap.origin``: ``"live"``, ``"retained"`` (the broker's or the
 cache's copy, made ``snap.wall_age_s`` ago) or ``"offline"`` (the publisher's newest status says "offline":

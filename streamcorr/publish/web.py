@@ -6,8 +6,9 @@ Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served 
 - ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
 - ``GET /ws``            JSON text messages, one per frame, in the envelope's words (:mod:`.envelope`):
   ``kind`` is ``"snapshot"`` (matrices as nested lists, null for NaN; ``dependent`` and ``n_eff`` null when the
-  snapshot lacks them), ``"event"`` (its ``change``: rise, fall, ...; ``initial``) or ``"status"`` (``state`` and
-  ``counters``, the page's status line: ``status_line(counters)``, by default :func:`web_summary`)
+  snapshot lacks them), ``"event"`` (its ``change``: rise, fall, ...; ``initial``, ``onset_t_ns``, ``path``; the
+  page outlines the pair's cell for 3 s as it arrives) or ``"status"`` (``state`` and ``counters``, the page's
+  status line: ``status_line(counters)``, by default :func:`web_summary`)
 - ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
 
 Every client has its own outbox, bounded in bytes (``max_queue_bytes``, counting the frame being written):
@@ -112,7 +113,7 @@ def event_message(ev: ChangeEvent) -> dict[str, Any]:
     """The WebSocket form of a change event: MI in nats (4 decimals), None where not finite."""
     previous, current = (round(float(x), 4) if math.isfinite(x) else None for x in (ev.previous, ev.current))
     return dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns,
-                initial=bool(ev.initial))  # fmt: skip
+                initial=bool(ev.initial), onset_t_ns=ev.onset_t_ns, path=ev.path)  # fmt: skip
 
 
 def _dumps(msg: dict[str, Any]) -> str:

@@ -1,10 +1,11 @@
 "use strict";
 // Live view of a streamcorr engine: WebSocket messages in, canvas drawings out. No dependencies, no build.
 // Test hooks: #heatmap carries data-seq (last rendered snapshot), its geometry (data-x0, data-y0, data-cell
-// in CSS pixels), data-screened and data-insignificant (cell counts) and data-render-ms; #detail carries data-pair;
+// in CSS pixels), data-screened, data-insignificant and data-flashing (cell counts) and data-render-ms; #detail carries data-pair;
 // #detail-meta data-source and data-dependent; #table carries data-grid and data-pair once drawn.
 (() => {
   const MAX_EVENTS = 100; // list length; older entries are removed
+  const FLASH_MS = 3000, FLASH = "#ff9f1c"; // a pair's cell is outlined this long after a change event on it
   const HISTORY_MAX = 1000; // points kept for the sparkline of the selected pair
   const TABLE_REFRESH_MS = 5000; // the selected pair's table is refetched at most this often
   const NAN_GREY = "#4a505a";
@@ -20,6 +21,7 @@
   const st = {
     snap: null, layout: null, vmax: 1, sel: null, pinned: false, detail: null,
     fetchToken: 0, fetchTimer: 0, lastFetchMs: 0, renderQueued: false, retryMs: 1000, ws: null,
+    flash: new Map(), // "a|b" -> Date.now() until which the pair's cell flashes
   };
 
   // -- colours -------------------------------------------------------------------------------------
@@ -138,12 +140,22 @@
       ctx.fillText(s.channels[k], 0, 0);
       ctx.restore();
     }
+    let flashing = 0; // cells of pairs with a change event in the last FLASH_MS, drawn as soon as it arrives
+    const now = Date.now();
+    ctx.strokeStyle = FLASH; ctx.lineWidth = 3;
+    for (const [key, until] of st.flash) {
+      if (until < now) { st.flash.delete(key); continue; }
+      const [a, b] = key.split("|"), fi = s.channels.indexOf(a), fj = s.channels.indexOf(b);
+      if (fi < 0 || fj < 0) continue;
+      flashing++;
+      for (const [r, c] of [[fi, fj], [fj, fi]]) ctx.strokeRect(L.x0 + c * L.cell + 1.5, L.y0 + r * L.cell + 1.5, L.cell - gap - 3, L.cell - gap - 3);
+    }
     if (si >= 0 && sj >= 0) {
       ctx.strokeStyle = "#fff"; ctx.lineWidth = 2;
       for (const [r, c] of [[si, sj], [sj, si]]) ctx.strokeRect(L.x0 + c * L.cell, L.y0 + r * L.cell, L.cell - gap, L.cell - gap);
     }
     Object.assign(heat.dataset, { seq: s.seq, n, cell: L.cell, x0: L.x0, y0: L.y0, vmax: st.vmax, screened,
-      insignificant });
+      insignificant, flashing });
     drawLegend(screened > 0, insignificant > 0);
     heat.dataset.renderMs = (performance.now() - t0).toFixed(2);
   }
@@ -325,6 +337,15 @@
     if (ev.initial) change.title = "dependent from the pair's first assessment, not an onset";
     const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`);
     li.append(when, change, what);
+    if (ev.path) li.dataset.path = ev.path; // "fast": the fast path saw it, before the window estimate moved
+    if (ev.onset_t_ns !== null && ev.onset_t_ns !== undefined) { // how long after its estimated start it was seen
+      const lag = document.createElement("span"); lag.className = "onset";
+      lag.textContent = ` · began ${fmt((ev.t_ns - ev.onset_t_ns) / 1e9, 1)} s before${ev.path === "fast" ? " (fast)" : ""}`;
+      li.append(lag);
+    }
+    st.flash.set(ev.pair.join("|"), Date.now() + FLASH_MS);
+    queueRender();
+    setTimeout(queueRender, FLASH_MS + 50); // and once more to clear it
     const list = $("events");
     list.prepend(li);
     while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();

@@ -1,0 +1,345 @@
+"""The fast path: change events within seconds of a change in dependence, beside the window estimate.
+
+The window estimate moves only once enough of its window has changed, a window after a decoupling. Two tests run
+each hop beside it, each with its own calibrated false-alarm rate; the matrix value stays the window estimate.
+
+**Decoupling** (every pair the detector holds dependent). Each pair keeps a reference: its table theta from a recent
+full window, and the statistics of that window's per-sample evidence e = theta(u, v) - log Z
+(:mod:`streamcorr.estimate.evidence`; the mean is the estimate m). Every new sample, ranked in the current
+window, is scored, and a CUSUM accumulates S <- max(0, S + m / 4 - e): it drifts down while the pair behaves
+as in the reference (out of sample the evidence stays above m / 2 on the pairs measured in bench.reaction) and
+up once the evidence falls to zero or below. S > h raises an alarm, with h from the Brownian approximation of
+the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance (its variance x T / n_eff:
+smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
+the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 64,
+128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile);
+a pair that shows clear dependence instead gets a new reference (its relation changed shape, not vanished).
+
+**Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
+flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
+newest ``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate) in one network pass,
+against the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half
+of ``changes.false_alarms_per_hour``; the window path has the other half). One hop above is enough: consecutive
+short windows overlap, so a second look costs half a second and adds little. The onset is the change point of the
+short window's evidence under its own table, which also becomes the pair's first reference. A smooth pair's short
+window holds few independent samples, so its null is wide and the window path usually sees it first.
+
+A confirmed change flips the detector at once (``ChangeDetector.fast_change``, an event with ``path="fast"``)
+and holds the window's verdicts on the pair until its window holds only samples after the onset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..estimate.copula import rank_transform
+from ..estimate.estimator import Estimator
+from ..estimate.evidence import change_point, evidence, pair_tables, window_moments
+from ..estimate.significance import NullTable, autocorrelation, pair_n_eff
+from .changes import ChangeDetector, ChangeEvent
+from .hop import Hop
+from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
+
+__all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath", "window_onsets"]
+
+ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
+CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
+MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
+
+
+class _PairNames:
+    """Names of pair k of pairs (P, 2), made when asked (most pairs of a large matrix are never looked at)."""
+
+    def __init__(self, names: list[str], pairs: np.ndarray) -> None:
+        self.names, self.pairs = names, pairs
+
+    def __getitem__(self, k: int | np.integer) -> tuple[str, str]:
+        return self.names[self.pairs[k, 0]], self.names[self.pairs[k, 1]]
+
+
+@dataclass
+class _Reference:
+    theta: np.ndarray  # (G, G) float32
+    log_z: float
+    allowance: float  # nats per sample: m / 4
+    threshold: float  # h, nats
+    made_tick: int  # end tick (ns) of the window the table is from
+    seen_tick: int  # newest sample tick scored
+    s: float = 0.0  # the CUSUM
+    zero_tick: int = 0  # newest tick at which s was 0: the onset of an alarm
+
+
+def cusum_threshold(drift: float, long_run_var: float, arl_samples: float) -> float:
+    """h for a CUSUM whose increments drift by -drift per sample with this long-run variance, so that it crosses
+    h once in arl_samples on average (Brownian approximation: ARL = v / (2 d^2) (e^a - 1 - a), a = 2 d h / v)."""
+    target = arl_samples * 2.0 * drift * drift / long_run_var
+    a = math.log1p(target)
+    for _ in range(20):  # fixed point of e^a = 1 + a + target
+        a = math.log1p(a + target)
+    return a * long_run_var / (2.0 * drift)
+
+
+class FastPath:
+    """Per-pair fast tests; ``step`` once per hop after the window's verdicts, returns the hop's fast events."""
+
+    def __init__(
+        self,
+        est: Estimator,
+        detector: ChangeDetector,
+        nulls: Callable[[int], NullTable],
+        *,
+        window_len: int,
+        period_ns: int,
+        hop_samples: int,
+        sentinel_len: int = 256,
+        persist: int = 1,
+        arl_pair_hours: float = ARL_PAIR_HOURS,
+    ) -> None:
+        self.est, self.detector, self.nulls = est, detector, nulls
+        self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
+        self.sentinel_len = min(sentinel_len, window_len)
+        self.persist = persist
+        self.alpha = 1e-3  # the sentinel's false-alarm rate per pair and hop; the engine sets it from its budget
+        self.arl_samples = arl_pair_hours * 3600e9 / period_ns
+        self._refs: dict[tuple[str, str], _Reference] = {}
+        self._streak: dict[tuple[str, str], int] = {}
+        self._tested: dict[tuple[str, str], int] = {}  # end tick of each pair's latest sentinel test
+        self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
+
+    def forget(self, channels: set[str]) -> None:
+        """Drop the state of pairs with a retired channel."""
+        for state in (self._refs, self._streak, self._tested):
+            for pair in [p for p in state if p[0] in channels or p[1] in channels]:
+                del state[pair]
+
+    def step(self, hop: Hop, names: list[str], pairs: np.ndarray) -> list[ChangeEvent]:
+        """One hop, after the window's verdicts: pairs (P, 2) are all the engine's pairs (channel indices); the
+        hop's network pairs (with the screen: those it flagged) are the ones the sentinel may test."""
+        end_tick, ranks, window, fresh = hop.end_tick, hop.ranks, hop.window, hop.fresh
+        n_eff = np.full(len(pairs), np.nan)  # (P,) effective sizes where estimated this hop
+        n_eff[hop.pick] = hop.n_eff
+        sentinel = np.zeros(len(pairs), dtype=bool)
+        sentinel[hop.pick[hop.done]] = True
+        if hop.flagged is not None:
+            sentinel &= hop.flagged
+        ranked = np.array([r is not None for r in ranks], dtype=bool)  # (C,)
+        ok = ranked[pairs[:, 0]] & ranked[pairs[:, 1]]  # (P,)
+        keys = _PairNames(names, pairs)
+        index = {name: k for k, name in enumerate(names)}
+        where = np.full((len(names), len(names)), -1, dtype=np.int64)  # (C, C) -> pair index
+        where[pairs[:, 0], pairs[:, 1]] = np.arange(len(pairs))
+        held_keys = [p for p in self.detector.held_pairs() if p[0] in index and p[1] in index]
+        held = np.array([where[index[a], index[b]] for a, b in held_keys], dtype=np.int64)
+        held = held[held >= 0]
+        held = held[ok[held]]
+        keep = {keys[k] for k in held}
+        for key in [p for p in self._refs if p not in keep]:  # a pair no longer held dependent keeps no reference
+            del self._refs[key]
+        candidates = np.flatnonzero(sentinel & ok)
+        watched = np.array([k for k in candidates if self.detector.is_dependent(keys[k]) is False], dtype=np.int64)
+        events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held)
+        self._refresh(end_tick, keys, pairs, ranks, n_eff, held)
+        budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
+        events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
+        return events
+
+    # -- decoupling ---------------------------------------------------------------------------------------
+    def _decouple(
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
+        window: np.ndarray, fresh: np.ndarray, rows: np.ndarray,
+    ) -> list[ChangeEvent]:  # fmt: skip
+        n, period = self.window_len, self.period_ns
+        groups: dict[int, list[int]] = {}  # by samples new since the last score (one group unless a hop was skipped)
+        for k in rows:
+            ref = self._refs.get(keys[k])
+            new = 0 if ref is None else int(min(n, (end_tick - ref.seen_tick) // period))
+            if new > 0:
+                groups.setdefault(new, []).append(k)
+        alarms = []
+        for new, ks in groups.items():
+            refs = [self._refs[keys[k]] for k in ks]
+            sel = pairs[ks]
+            u = np.stack([ranks[a] for a in sel[:, 0]])[:, n - new :]  # (P, new)
+            v = np.stack([ranks[b] for b in sel[:, 1]])[:, n - new :]
+            e = evidence(np.stack([r.theta for r in refs]), np.array([r.log_z for r in refs]), u, v)  # (P, new)
+            inc = np.array([r.allowance for r in refs])[:, None] - e
+            inc[~(fresh[sel[:, 0], n - new :] | fresh[sel[:, 1], n - new :])] = 0.0  # a row both repeat: no news
+            s = np.array([r.s for r in refs])
+            zero = np.array([r.zero_tick for r in refs], dtype=np.int64)
+            for c in range(new):  # the CUSUM, sample by sample, all pairs at once
+                s = np.maximum(0.0, s + inc[:, c])
+                zero = np.where(s == 0.0, end_tick - (new - 1 - c) * period, zero)
+            for r, k, sk, zk in zip(refs, ks, s.tolist(), zero.tolist(), strict=True):
+                r.s, r.zero_tick, r.seen_tick = sk, zk, end_tick
+                if sk > r.threshold:
+                    alarms.append(k)
+        if not alarms:
+            return []
+        self.counts["alarms"] += len(alarms)
+        by_len: dict[int, list[int]] = {}
+        for k in alarms:
+            since = (end_tick - self._refs[keys[k]].zero_tick) // period
+            fit = [m for m in CONFIRM_LENGTHS if m <= min(since, n)]
+            if fit:  # otherwise too few samples since the onset: the next hop confirms
+                by_len.setdefault(fit[0], []).append(k)
+        events = []
+        for m, ks in by_len.items():
+            mi, ne, _, _ = self._short_estimates(window, fresh, pairs[ks], m)
+            null = self.nulls(m)
+            below = null.independent_below(ne)
+            clear = null.dependent_above(ne, self.alpha, self.detector.min_effect)
+            for k, x, lo, hi in zip(ks, mi.tolist(), below.tolist(), clear.tolist(), strict=True):
+                ref = self._refs[keys[k]]
+                if x < lo:
+                    ev = self.detector.fast_change(keys[k], "became-independent", x, end_tick, ref.zero_tick,
+                                                   self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip
+                    del self._refs[keys[k]]
+                    if ev is not None:
+                        self.counts["confirmed"] += 1
+                        events.append(ev)
+                elif x > hi:  # still clearly dependent: the relation changed, the reference is out of date
+                    self.counts["rejected"] += 1
+                    del self._refs[keys[k]]
+        return events
+
+    def _hold_ns(self, end_tick: int, onset_tick: int) -> int:
+        """From now until the window holds only samples after the onset."""
+        return max(0, onset_tick + self.window_len * self.period_ns - end_tick)
+
+    def _short_estimates(
+        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """MI and effective size (P,) of pairs (P, 2) on their newest m rows of the window, ranked anew: rows where
+        at least one channel has a new sample (rows both repeat leave the pair, as in the window's estimate). Also
+        the ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows."""
+        n = window.shape[1]
+        keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
+        count = np.cumsum(keep[:, ::-1], axis=1)[:, ::-1]  # (P, N) kept rows from each position to the end
+        enough = count[:, 0] >= m
+        pos = np.zeros((len(pairs), m), dtype=np.int64)
+        for q in np.flatnonzero(enough):
+            pos[q] = np.flatnonzero(keep[q])[-m:]
+        pos[~enough] = np.arange(n - m, n)
+        x = np.take_along_axis(window[pairs[:, 0]], pos, axis=1)  # (P, m)
+        y = np.take_along_axis(window[pairs[:, 1]], pos, axis=1)
+        u = rank_transform(np.ascontiguousarray(np.concatenate([x, y])), self.est.ties)  # (2P, m)
+        p = np.arange(len(pairs))
+        mi = self.est.estimate_ranks(u, p, p + len(pairs))
+        acf = autocorrelation(u)
+        ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
+        mi[~enough] = np.nan
+        return mi, ne, u.reshape(2, len(pairs), m), pos
+
+    # -- references -----------------------------------------------------------------------------------
+    def _refresh(
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
+        n_eff: np.ndarray, rows: np.ndarray,
+    ) -> None:  # fmt: skip
+        """New references for held pairs without one, and for those whose table is a window old while their CUSUM
+        rests at 0; about one window's worth of pairs per window, pairs without one first."""
+        n, period = self.window_len, self.period_ns
+        missing = [k for k in rows if keys[k] not in self._refs and not self.detector.holding(keys[k], end_tick)]
+        stale = [k for k in rows if (r := self._refs.get(keys[k])) is not None and r.s == 0.0
+                 and end_tick - r.made_tick >= n * period]  # fmt: skip
+        stale.sort(key=lambda k: self._refs[keys[k]].made_tick)
+        budget = max(8, math.ceil(len(rows) * 2 * self.hop_samples / n))
+        chosen = missing + stale[: max(0, budget - len(missing))]
+        if not chosen:
+            return
+        sel = pairs[chosen]
+        u = np.stack([r if r is not None else np.full(n, 0.5) for r in ranks])
+        theta, log_z, hist = pair_tables(self.est, u, sel[:, 0], sel[:, 1])
+        mean, var = window_moments(theta, log_z, hist)
+        for q, k in enumerate(chosen):
+            ne = n_eff[k] if np.isfinite(n_eff[k]) else float(n)
+            self._set_reference(keys[k], theta[q], float(log_z[q]), float(mean[q]), float(var[q]) * n / max(ne, 2.0),
+                                end_tick)  # fmt: skip
+
+    def _set_reference(
+        self, key: tuple[str, str], theta: np.ndarray, log_z: float, mean: float, long_run_var: float, end_tick: int
+    ) -> None:
+        """A pair's reference from its window's evidence: mean (nats) and long-run variance (per sample)."""
+        if mean < MIN_REFERENCE:
+            self._refs.pop(key, None)
+            return
+        drift = mean / 4.0
+        h = cusum_threshold(drift, max(long_run_var, 1e-6), self.arl_samples)
+        self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, 0.0, end_tick)
+        self.counts["references"] += 1
+
+    # -- coupling -------------------------------------------------------------------------------------
+    def _sentinel(
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
+        rows: np.ndarray, budget: int,
+    ) -> list[ChangeEvent]:  # fmt: skip
+        m, period, n = self.sentinel_len, self.period_ns, self.window_len
+        if len(rows) > budget:  # the stalest first, so each pair's turn comes round
+            rows = rows[np.argsort([self._tested.get(keys[k], 0) for k in rows], kind="stable")[:budget]]
+        for key in set(self._streak) - {keys[k] for k in rows}:
+            del self._streak[key]
+        if len(rows) == 0:
+            return []
+        for k in rows:
+            self._tested[keys[k]] = end_tick
+        self.counts["sentinel_pairs"] += len(rows)
+        mi, ne, u, pos = self._short_estimates(window, fresh, pairs[rows], m)
+        with np.errstate(invalid="ignore"):
+            above = mi > self.nulls(m).dependent_above(ne, self.alpha, self.detector.min_effect)
+        fire = []
+        for q, k in enumerate(rows.tolist()):
+            if above[q]:
+                self._streak[keys[k]] = self._streak.get(keys[k], 0) + 1
+                if self._streak[keys[k]] >= self.persist:
+                    fire.append(q)
+            else:
+                self._streak.pop(keys[k], None)
+        if not fire:
+            return []
+        uf = np.concatenate([u[0, fire], u[1, fire]])  # (2F, m)
+        p = np.arange(len(fire))
+        theta, log_z, _ = pair_tables(self.est, uf, p, p + len(fire))
+        e = evidence(theta, log_z, uf[p], uf[p + len(fire)])  # (F, m)
+        at = change_point(e, rising=True)
+        events = []
+        for f, q in enumerate(fire):
+            key = keys[rows[q]]
+            self._streak.pop(key, None)
+            onset = int(end_tick - (n - 1 - pos[q, at[f]]) * period)
+            ev = self.detector.fast_change(key, "became-dependent", float(mi[q]), end_tick, onset,
+                                           self._hold_ns(end_tick, onset))  # fmt: skip
+            if ev is None:
+                continue
+            events.append(ev)
+            after = e[f, at[f] :]
+            if len(after) >= 16:  # the short window's table, on the samples after the onset, is the first reference
+                share = max(float(ne[q]), 2.0) / m  # independent samples per sample
+                self._set_reference(key, theta[f], float(log_z[f]), float(after.mean()),
+                                    float(after.var()) / share, end_tick)  # fmt: skip
+        return events
+
+
+def window_onsets(
+    est: Estimator, events: list[ChangeEvent], u: np.ndarray, names: list[str], period_ns: int
+) -> list[ChangeEvent]:
+    """The window path's events with their onsets: the change point of the pair's evidence over the window, under
+    the window's own table (u (C, N): the hop's ranks). A pair's first verdict (``initial``) has none."""
+    index = {name: k for k, name in enumerate(names)}
+    todo = [k for k, ev in enumerate(events) if not ev.initial]
+    if not todo:
+        return events
+    iu = np.array([index[events[k].pair[0]] for k in todo])
+    iv = np.array([index[events[k].pair[1]] for k in todo])
+    theta, log_z, _ = pair_tables(est, u, iu, iv)
+    e = evidence(theta, log_z, u[iu], u[iv])  # (E, N)
+    rising = np.array([events[k].kind in ("became-dependent", "rise") for k in todo])
+    at = np.where(rising, change_point(e, True), change_point(e, False))
+    out = list(events)
+    for q, k in enumerate(todo):
+        onset = int(events[k].t_ns - (u.shape[1] - 1 - at[q]) * period_ns)
+        out[k] = dataclasses.replace(events[k], onset_t_ns=onset)
+    return out

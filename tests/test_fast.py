@@ -1,0 +1,147 @@
+"""The fast change path: per-sample evidence, its CUSUM threshold, and events seconds after a change."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy.signal import lfilter
+
+from streamcorr import Estimator
+from streamcorr.engine.core import Engine, EngineConfig
+from streamcorr.engine.fast import cusum_threshold
+from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
+from streamcorr.estimate.evidence import change_point, evidence, pair_tables, window_moments
+
+RATE = 100.0
+T0 = 1_765_000_000.0
+
+
+@pytest.fixture(scope="module")
+def est() -> Estimator:
+    return Estimator()
+
+
+def test_window_evidence_averages_to_the_dv_estimate(est: Estimator) -> None:
+    """The mean evidence of a window's own samples is its table-only estimate (the DV bound), both ways."""
+    rng = np.random.default_rng(501)
+    x = rng.standard_normal((3, 700))
+    y = np.stack([x[0] ** 2, np.sin(3 * x[1]), rng.standard_normal(700)]) + 0.4 * rng.standard_normal((3, 700))
+    u = rank_transform(np.concatenate([x, y]), est.ties)
+    p = np.arange(3)
+    theta, log_z, hist = pair_tables(est, u, p, p + 3)
+    marg = marginal_histograms(u, est.grid)
+    direct = est.estimate_histograms(pair_histograms(u, u, est.grid, p, p + 3), marg[p], marg[p + 3])
+    per_sample = evidence(theta, log_z, u[p], u[p + 3]).mean(axis=1)
+    mean, var = window_moments(theta, log_z, hist)
+    np.testing.assert_allclose(per_sample, mean, atol=1e-4)  # the bilinear lookup is the histogram's binning
+    np.testing.assert_allclose(np.maximum(mean, 0.0), direct, atol=2e-3)
+    assert (var > 0).all()
+
+
+def test_cusum_threshold_gives_the_run_length_asked_for() -> None:
+    """A CUSUM with the threshold for a mean run length of 400 samples crosses it after 200 to 800 on average."""
+    rng = np.random.default_rng(502)
+    drift, var = 0.1, 0.5
+    h = cusum_threshold(drift, var, 400.0)
+    lengths = []
+    for _ in range(300):
+        s, k = 0.0, 0
+        while s <= h:
+            s = max(0.0, s - drift + np.sqrt(var) * rng.standard_normal())
+            k += 1
+        lengths.append(k)
+    assert 200 < np.mean(lengths) < 800  # Brownian approximation, overshoot ignored: conservative, within 2x
+    assert cusum_threshold(drift, var, 4e6) > cusum_threshold(drift, var, 4e4) > h
+
+
+def test_change_point_finds_a_shift_in_the_mean() -> None:
+    """The change point of a noisy step up (and down) is found within a few samples."""
+    rng = np.random.default_rng(503)
+    e = rng.normal(0.0, 0.5, (2, 300))
+    e[0, 180:] += 1.0
+    e[1, :90] += 1.0
+    assert abs(int(change_point(e[:1], rising=True)[0]) - 180) <= 6
+    assert abs(int(change_point(e[1:], rising=False)[0]) - 90) <= 6
+
+
+def _stream(seed: int, seconds: float, smooth: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray], dict]:
+    """Six channels on one clock: a-b a tanh relation that decouples at 25 s, c-d a square relation that couples at
+    28 s, e-f dependent throughout but linear until 20 s and sine after (a new shape, never independent)."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * RATE)
+
+    def proc() -> np.ndarray:
+        e = rng.standard_normal(n)
+        return lfilter([1.0], [1.0, -0.8], e) / 1.67 if smooth else e
+
+    a, c, e = proc(), proc(), proc()
+    b = np.tanh(2 * a) + 0.4 * proc()
+    b[int(25 * RATE) :] = proc()[int(25 * RATE) :]
+    d = proc()
+    d[int(28 * RATE) :] = (c**2 + 0.4 * proc())[int(28 * RATE) :]
+    f = e + 0.4 * proc()
+    f[int(20 * RATE) :] = (np.sin(2 * e) + 0.3 * proc())[int(20 * RATE) :]
+    t = T0 + np.arange(n) / RATE
+    truth = {("a", "b"): 25.0, ("c", "d"): 28.0}
+    return t, {"a": a, "b": b, "c": c, "d": d, "e": e, "f": f}, truth
+
+
+def _replay(t: np.ndarray, data: dict[str, np.ndarray], **cfg: object) -> list:
+    eng = Engine(EngineConfig(channels=list(data), rate_hz=RATE, window_len=512, hop_samples=50,
+                              skip_stale_hops=False, max_future_s=None, queue_size=100_000, **cfg))  # type: ignore[arg-type]  # fmt: skip
+    events = []
+    for s in range(0, len(t), 50):
+        eng.push_frame(t[s : s + 50], {k: v[s : s + 50] for k, v in data.items()})
+        for end in eng.due_windows():
+            events += eng.evaluate(end)[1]
+    return events
+
+
+@pytest.fixture(scope="module")
+def white_events() -> tuple[list, list]:
+    t, data, _ = _stream(504, 42.0)
+    return _replay(t, data), _replay(t, data, fast=False)
+
+
+def test_fast_path_reports_a_decoupling_within_seconds(white_events: tuple[list, list]) -> None:
+    """A tanh pair that decouples is reported by the fast path within 2 s, its onset within 1 s, and seconds
+    earlier than by the window estimate alone (window 512 samples, 5.1 s)."""
+    fast, window = white_events
+    ev = [e for e in fast if e.pair == ("a", "b") and e.kind == "became-independent"]
+    assert ev and ev[0].path == "fast", [(e.pair, e.kind, e.path, e.t_ns) for e in fast]
+    delay = ev[0].t_ns / 1e9 - (T0 + 25.0)
+    assert 0 <= delay <= 2.0
+    assert abs(ev[0].onset_t_ns / 1e9 - (T0 + 25.0)) <= 1.0
+    slow = [e for e in window if e.pair == ("a", "b") and e.kind == "became-independent"]
+    assert slow and slow[0].path == "window" and slow[0].t_ns > ev[0].t_ns + 2e9
+
+
+def test_fast_path_reports_a_coupling_within_seconds(white_events: tuple[list, list]) -> None:
+    """A square relation that starts is reported within 3 s, with its onset within 1 s."""
+    fast, _ = white_events
+    ev = [e for e in fast if e.pair == ("c", "d") and e.kind == "became-dependent"]
+    assert ev, [(e.pair, e.kind, e.path, e.t_ns) for e in fast]
+    assert 0 <= ev[0].t_ns / 1e9 - (T0 + 28.0) <= 3.0
+    assert ev[0].onset_t_ns is not None and abs(ev[0].onset_t_ns / 1e9 - (T0 + 28.0)) <= 1.0
+    assert not ev[0].initial
+
+
+def test_a_new_shape_is_not_a_decoupling(white_events: tuple[list, list]) -> None:
+    """A pair whose relation changes shape (linear to sine) but stays dependent never becomes independent, and
+    the window's verdicts are not repeated by the fast path (one event per change)."""
+    fast, _ = white_events
+    assert not [e for e in fast if e.pair == ("e", "f") and e.kind == "became-independent"]
+    for pair in (("a", "b"), ("c", "d")):
+        kinds = [e.kind for e in fast if e.pair == pair and e.kind.startswith("became")]
+        assert all(k1 != k2 for k1, k2 in itertools.pairwise(kinds)), kinds  # states alternate
+
+
+def test_independent_channels_give_no_fast_events() -> None:
+    """Independent smooth channels give no change events with the fast path on (its sentinel's own null)."""
+    rng = np.random.default_rng(505)
+    n = int(60 * RATE)
+    data = {f"s{k}": lfilter([1.0], [1.0, -0.9], rng.standard_normal(n)) for k in range(5)}
+    events = _replay(T0 + np.arange(n) / RATE, data)
+    assert not events, [(e.pair, e.kind, e.path) for e in events]
