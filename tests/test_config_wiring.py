@@ -59,6 +59,7 @@ def _config(tmp: Path) -> dict[str, Any]:
         "compute": {"backend": "ray", "address": "auto", "workers": 3, "device": "cuda", "cpus_per_worker": 0.5,
                     "tile_pairs": 100, "max_in_flight": 3, "hop_timeout_s": 2.0, "start_timeout_s": 30.0},
         "changes": {"false_alarm_rate": 0.01, "min_effect": 0.2, "persist": 3, "delta": 0.3, "rel_delta": 0.5,
+                    "fast": False, "fast_window": 512,
                     "false_alarms_per_hour": 3.0, "significance": "iid", "surrogates": 7},
         "outputs": {
             "zmq": {"endpoint": "tcp://127.0.0.1:15556", "bind": False, "snapshot_endpoint": "tcp://127.0.0.1:15557",
@@ -210,6 +211,8 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         "changes.persist": lambda p: p.engine.detector.persist,
         "changes.delta": lambda p: p.engine.detector.delta,
         "changes.rel_delta": lambda p: p.engine.detector.rel_delta,
+        "changes.fast": lambda p: p.engine.fast is not None,  # off: no fast path at all
+        "changes.fast_window": lambda p: p.engine.cfg.fast_window,  # the sentinel's length derives from it
         "outputs.record.directory": lambda p: str(p.record.dir),
         "outputs.status_interval_s": lambda p: p.daemon.status_interval_s,
         "http.enabled": lambda p: p.http_url is not None,

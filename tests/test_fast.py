@@ -138,10 +138,20 @@ def test_a_new_shape_is_not_a_decoupling(white_events: tuple[list, list]) -> Non
         assert all(k1 != k2 for k1, k2 in itertools.pairwise(kinds)), kinds  # states alternate
 
 
-def test_independent_channels_give_no_fast_events() -> None:
-    """Independent smooth channels give no change events with the fast path on (its sentinel's own null)."""
+def test_smooth_channels_give_no_fast_events() -> None:
+    """Smooth channels, four independent and one pair dependent throughout (a square relation), give no change
+    event with the fast path on but the pair's first verdict: the sentinel has its own null, and the decoupling
+    test does not take a smooth pair's wandering evidence for a decoupling."""
     rng = np.random.default_rng(505)
-    n = int(60 * RATE)
-    data = {f"s{k}": lfilter([1.0], [1.0, -0.9], rng.standard_normal(n)) for k in range(5)}
+    n = int(90 * RATE)
+
+    def smooth() -> np.ndarray:
+        return lfilter([1.0], [1.0, -0.95], rng.standard_normal(n)) / 3.2
+
+    data = {f"s{k}": smooth() for k in range(4)}
+    data["d0"] = smooth()
+    data["d1"] = data["d0"] ** 2 + 0.3 * smooth()
     events = _replay(T0 + np.arange(n) / RATE, data)
-    assert not events, [(e.pair, e.kind, e.path) for e in events]
+    assert [(e.pair, e.kind, e.initial) for e in events] == [(("d0", "d1"), "became-dependent", True)], [
+        (e.pair, e.kind, e.path, e.t_ns / 1e9 - T0) for e in events
+    ]

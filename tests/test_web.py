@@ -516,6 +516,35 @@ def test_cells_not_significant_are_hatched_and_hover_shows_n_eff_in_chromium(chr
         assert "became-dependent (initial)" in page.inner_text("#events li[data-initial='1']")
 
 
+def test_a_fast_event_flashes_its_cell_and_says_when_it_began_in_chromium(chromium: Any) -> None:
+    """A change event outlines its pair's cell at once (no new snapshot needed), the outline goes after a few
+    seconds, and the event list says how long before detection the change began and that the fast path saw it."""
+    rng = np.random.default_rng(21)
+    with _page_on(chromium, WebView(port=0, table_fn=_gaussian_theta)) as (served, page):
+        view = served.view
+        served.call(view.publish_snapshot, _snapshot(1, ARM_CHANNELS, _arm_mi(rng, 0.0)))
+        page.goto(view.url + "/")
+        page.wait_for_selector("#heatmap[data-seq='1'][data-flashing='0']", timeout=5000)
+        i, j = ARM_CHANNELS.index("arm.j2.torque"), ARM_CHANNELS.index("arm.j3.torque")
+        outline_js = """([i, j]) => {
+            const c = document.getElementById('heatmap'), d = c.dataset, r = window.devicePixelRatio || 1;
+            const x = (+d.x0 + j * +d.cell + 2) * r, y = (+d.y0 + (i + 0.5) * +d.cell) * r;
+            return Array.from(c.getContext('2d').getImageData(Math.floor(x), Math.floor(y), 1, 1).data).slice(0, 3);
+        }"""
+        before = page.evaluate(outline_js, [i, j])
+        t0 = time.monotonic()
+        ev = ChangeEvent(("arm.j2.torque", "arm.j3.torque"), 0.9, 0.02, 5_400_000_000, "became-independent",
+                         onset_t_ns=4_200_000_000, path="fast")  # fmt: skip
+        served.call(view.publish_event, ev)
+        page.wait_for_selector("#heatmap[data-flashing='1']", timeout=5000)
+        assert time.monotonic() - t0 < 1.0  # within the second
+        assert page.evaluate(outline_js, [i, j]) == [0xFF, 0x9F, 0x1C] != before
+        item = page.inner_text("#events li[data-path='fast']")
+        assert "became-independent" in item and "began 1.2 s before (fast)" in item
+        page.wait_for_selector("#heatmap[data-flashing='0']", timeout=8000)
+        assert page.evaluate(outline_js, [i, j]) == before
+
+
 def test_page_updates_live_in_chromium(chromium: Any, tmp_path: Path) -> None:
     """In headless Chromium the heatmap follows snapshots, events list newest first, hover shows the pair's
     detail and table, the page reconnects after the server restarts; the page is captured as a screenshot."""

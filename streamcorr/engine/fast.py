@@ -12,8 +12,10 @@ up once the evidence falls to zero or below. S > h raises an alarm, with h from 
 the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance (its variance x T / n_eff:
 smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
 the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 64,
-128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile);
-a pair that shows clear dependence instead gets a new reference (its relation changed shape, not vanished).
+128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
+below half the reference's level. A pair still above either gets a new reference (its relation changed shape, not
+vanished), as does one still undecided at 256 samples (a smooth pair whose short-window null is too wide to tell:
+the window path judges it).
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
 flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
@@ -49,6 +51,7 @@ __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath", "window_onsets"]
 
 ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
 CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
+CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 
 
@@ -70,6 +73,8 @@ class _Reference:
     threshold: float  # h, nats
     made_tick: int  # end tick (ns) of the window the table is from
     seen_tick: int  # newest sample tick scored
+    share: float = 1.0  # effective samples per sample of the reference window (smooth pairs: far below 1)
+    long_run_var: float = 0.0  # of the evidence, per sample
     s: float = 0.0  # the CUSUM
     zero_tick: int = 0  # newest tick at which s was 0: the onset of an alarm
 
@@ -109,11 +114,12 @@ class FastPath:
         self._refs: dict[tuple[str, str], _Reference] = {}
         self._streak: dict[tuple[str, str], int] = {}
         self._tested: dict[tuple[str, str], int] = {}  # end tick of each pair's latest sentinel test
+        self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
         self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a retired channel."""
-        for state in (self._refs, self._streak, self._tested):
+        for state in (self._refs, self._streak, self._tested, self._long_run_var):
             for pair in [p for p in state if p[0] in channels or p[1] in channels]:
                 del state[pair]
 
@@ -182,28 +188,30 @@ class FastPath:
             return []
         self.counts["alarms"] += len(alarms)
         by_len: dict[int, list[int]] = {}
+        longest = max((m for m in CONFIRM_LENGTHS if m <= n), default=0)
         for k in alarms:
-            since = (end_tick - self._refs[keys[k]].zero_tick) // period
-            fit = [m for m in CONFIRM_LENGTHS if m <= min(since, n)]
-            if fit:  # otherwise too few samples since the onset: the next hop confirms
+            ref = self._refs[keys[k]]
+            since = (end_tick - ref.zero_tick) // period
+            # the shortest length that holds CONFIRM_N_EFF effective samples (smooth pairs: the longest)
+            need = min((m for m in CONFIRM_LENGTHS if m * ref.share >= CONFIRM_N_EFF and m <= n), default=longest)
+            fit = [m for m in CONFIRM_LENGTHS if need <= m <= min(since, n)]
+            if fit:  # otherwise too few samples since the onset: a later hop confirms
                 by_len.setdefault(fit[0], []).append(k)
         events = []
         for m, ks in by_len.items():
             mi, ne, _, _ = self._short_estimates(window, fresh, pairs[ks], m)
-            null = self.nulls(m)
-            below = null.independent_below(ne)
-            clear = null.dependent_above(ne, self.alpha, self.detector.min_effect)
-            for k, x, lo, hi in zip(ks, mi.tolist(), below.tolist(), clear.tolist(), strict=True):
+            for k, x, lo in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), strict=True):
                 ref = self._refs[keys[k]]
-                if x < lo:
+                half = ref.allowance * 2.0  # half the reference's level
+                if x < lo and x < half:  # within the null, and well below what the pair showed
                     ev = self.detector.fast_change(keys[k], "became-independent", x, end_tick, ref.zero_tick,
                                                    self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip
                     del self._refs[keys[k]]
                     if ev is not None:
                         self.counts["confirmed"] += 1
                         events.append(ev)
-                elif x > hi:  # still clearly dependent: the relation changed, the reference is out of date
-                    self.counts["rejected"] += 1
+                elif (x >= lo and x >= half) or m == longest:  # still dependent, or undecided at the
+                    self.counts["rejected"] += 1  # longest: a new shape, or a smooth pair's null too wide to tell
                     del self._refs[keys[k]]
         return events
 
@@ -257,19 +265,24 @@ class FastPath:
         mean, var = window_moments(theta, log_z, hist)
         for q, k in enumerate(chosen):
             ne = n_eff[k] if np.isfinite(n_eff[k]) else float(n)
-            self._set_reference(keys[k], theta[q], float(log_z[q]), float(mean[q]), float(var[q]) * n / max(ne, 2.0),
+            share = max(ne, 2.0) / n
+            self._set_reference(keys[k], theta[q], float(log_z[q]), float(mean[q]), float(var[q]) / share, share,
                                 end_tick)  # fmt: skip
 
     def _set_reference(
-        self, key: tuple[str, str], theta: np.ndarray, log_z: float, mean: float, long_run_var: float, end_tick: int
-    ) -> None:
-        """A pair's reference from its window's evidence: mean (nats) and long-run variance (per sample)."""
+        self, key: tuple[str, str], theta: np.ndarray, log_z: float, mean: float, long_run_var: float, share: float,
+        end_tick: int,
+    ) -> None:  # fmt: skip
+        """A pair's reference from its window's evidence: mean (nats), long-run variance (per sample; at least 0.7 x
+        the previous reference's, since one window's estimate of it can come out low) and effective share."""
         if mean < MIN_REFERENCE:
             self._refs.pop(key, None)
             return
         drift = mean / 4.0
-        h = cusum_threshold(drift, max(long_run_var, 1e-6), self.arl_samples)
-        self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, 0.0, end_tick)
+        lrv = max(long_run_var, 0.7 * self._long_run_var.get(key, 0.0), 1e-6)
+        self._long_run_var[key] = lrv
+        h = cusum_threshold(drift, lrv, self.arl_samples)
+        self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, share, lrv, 0.0, end_tick)
         self.counts["references"] += 1
 
     # -- coupling -------------------------------------------------------------------------------------
@@ -319,7 +332,7 @@ class FastPath:
             if len(after) >= 16:  # the short window's table, on the samples after the onset, is the first reference
                 share = max(float(ne[q]), 2.0) / m  # independent samples per sample
                 self._set_reference(key, theta[f], float(log_z[f]), float(after.mean()),
-                                    float(after.var()) / share, end_tick)  # fmt: skip
+                                    float(after.var()) / share, share, end_tick)  # fmt: skip
         return events
 
 
