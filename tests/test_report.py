@@ -77,6 +77,26 @@ def test_mi_over_time_plots_label_intermediate_ticks_with_units(tmp_path):
         assert xs == sorted(xs) and len(set(xs)) == len(xs)
 
 
+def test_an_event_onset_is_marked_on_its_pair_and_listed(tmp_path):
+    """An event with an estimated onset (a fast-path event) gets a dashed onset marker on its pair's line, reaching
+    back from the event, and its row gives the onset and the detector; an event without one (older output) none."""
+    rng = np.random.default_rng(52)
+    names = _replay_output(tmp_path / "out", rng)
+    ev = pq.read_table(tmp_path / "out" / "events.parquet").to_pylist()[0]
+    onset = {**ev, "t_ns": ev["t_ns"] + 60 * 10**9, "time": ev["time"] + 60, "onset_t_ns": ev["t_ns"] + 57 * 10**9,
+             "path": "fast", "a": names[0], "b": names[1], "change": "became-independent"}  # fmt: skip
+    older = {**ev, "onset_t_ns": None, "path": None}
+    pq.write_table(pa.Table.from_pylist([older, onset]), tmp_path / "out" / "events.parquet")
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    marks = re.findall(r"<line class='onset' x1='([\d.]+)' x2='([\d.]+)'", page)
+    assert len(marks) == 2  # one event with an onset: its dashed span and its tick
+    start, end = map(float, marks[0])
+    assert start < end  # the onset is drawn before the detection
+    assert "(fast path)" in page and ", began about" in page
+    assert re.search(r"<td>\d+\.\d</td><td>fast</td>", page) and "<td></td><td>window</td>" in page
+
+
 def test_heatmap_cells_have_hover_text_with_names_and_value_escaped(tmp_path):
     """Every matrix cell has a title naming its pair and MI; every lookup-table cell has an SVG <title> with
     both channels' ranks and theta; the hostile name appears only escaped."""

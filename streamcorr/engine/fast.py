@@ -19,7 +19,8 @@ the window path judges it).
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
 flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
-newest ``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate) in one network pass,
+newest ``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate; a pair where one
+channel repeats rows the other does not, a slower channel on this clock, is left to the window) in one network pass,
 against the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half
 of ``changes.false_alarms_per_hour``; the window path has the other half). One hop above is enough: consecutive
 short windows overlap, so a second look costs half a second and adds little. The onset is the change point of the
@@ -291,6 +292,10 @@ class FastPath:
         rows: np.ndarray, budget: int,
     ) -> list[ChangeEvent]:  # fmt: skip
         m, period, n = self.sentinel_len, self.period_ns, self.window_len
+        # a channel that holds samples the other does not (a slower channel on this clock) makes near-copy rows
+        # beside a smooth one: such pairs are judged on their own nulls, by the window path
+        odd = (fresh[pairs[rows, 0], -m:] != fresh[pairs[rows, 1], -m:]).mean(axis=1)
+        rows = rows[odd <= 0.02]
         if len(rows) > budget:  # the stalest first, so each pair's turn comes round
             rows = rows[np.argsort([self._tested.get(keys[k], 0) for k in rows], kind="stable")[:budget]]
         for key in set(self._streak) - {keys[k] for k in rows}:
