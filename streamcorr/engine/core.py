@@ -102,9 +102,7 @@ class Engine:
         self._idle.set()
         self.intake = Intake(config, self.counters, on_due=self._due)  # buffers, admission, stream clock
         self.resampler = self.intake.resampler
-        self.calibration = cached_calibration(
-            self.est.fingerprint, self.est.estimate_batch, config.window_len, self.est.ties
-        )
+        self.calibration = self._null(config.window_len)
         self.detector = ChangeDetector(
             self.calibration, self._alpha(1), config.min_effect, config.delta, config.persist, config.rel_delta
         )

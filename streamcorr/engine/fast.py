@@ -75,7 +75,6 @@ class _Reference:
     made_tick: int  # end tick (ns) of the window the table is from
     seen_tick: int  # newest sample tick scored
     share: float = 1.0  # effective samples per sample of the reference window (smooth pairs: far below 1)
-    long_run_var: float = 0.0  # of the evidence, per sample
     s: float = 0.0  # the CUSUM
     zero_tick: int = 0  # newest tick at which s was 0: the onset of an alarm
 
@@ -228,8 +227,7 @@ class FastPath:
         the ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows."""
         n = window.shape[1]
         keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
-        count = np.cumsum(keep[:, ::-1], axis=1)[:, ::-1]  # (P, N) kept rows from each position to the end
-        enough = count[:, 0] >= m
+        enough = keep.sum(axis=1) >= m
         pos = np.zeros((len(pairs), m), dtype=np.int64)
         for q in np.flatnonzero(enough):
             pos[q] = np.flatnonzero(keep[q])[-m:]
@@ -283,7 +281,7 @@ class FastPath:
         lrv = max(long_run_var, 0.7 * self._long_run_var.get(key, 0.0), 1e-6)
         self._long_run_var[key] = lrv
         h = cusum_threshold(drift, lrv, self.arl_samples)
-        self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, share, lrv, 0.0, end_tick)
+        self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, share, 0.0, end_tick)
         self.counts["references"] += 1
 
     # -- coupling -------------------------------------------------------------------------------------
