@@ -12,7 +12,6 @@ schema, with the comment beside each key) for every key.
 
 from __future__ import annotations
 
-import ipaddress
 import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -265,6 +264,14 @@ class Changes(_Strict):
     fast_window: int = Field(256, ge=64, le=4096)  # samples: the fast path's short window (<= window.samples / 4)
 
 
+class Lags(_Strict):
+    # the MI of x(t) against y(t + lag) for |lag| <= max_s and the best lag (streamcorr.engine.lags); 0: off.
+    # Positive lag_s: the pair's second channel (matrix order) follows the first
+    max_s: float = Field(0.0, ge=0, le=60)
+    refresh_s: float = Field(2.0, gt=0)  # each pair's lag is searched again at least this often
+    max_pairs_per_hop: int = Field(128, ge=1)  # pairs searched per hop at most: held dependent first, stalest first
+
+
 class ZmqOutput(_Strict):
     # the XPUB socket snapshots, pairs, events and status leave on
     endpoint: str = Field("tcp://127.0.0.1:5556", pattern=r"^(tcp|ipc|inproc)://")
@@ -338,6 +345,7 @@ class Config(_Strict):
     estimator: EstimatorConfig = EstimatorConfig()
     compute: Compute = Compute()
     changes: Changes = Changes()
+    lags: Lags = Lags()
     outputs: Outputs = Outputs()
     http: Http = Http()
     logging: Logging = Logging()
@@ -414,47 +422,3 @@ def load_config(path: str | Path, *, need_sources: bool = True) -> Config:
         return parse_config(data, need_sources=need_sources)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
-
-
-_LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "lo"})
-
-
-def _is_loopback(host: str) -> bool:
-    h = host.strip().strip("[]").lower()
-    if h in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(h).is_loopback
-    except ValueError:  # "*", "0.0.0.0"-like names, a hostname or an interface: assume reachable
-        return False
-
-
-def _tcp_host(endpoint: str) -> str | None:
-    """The host part of a tcp:// endpoint (``*``, an address, an interface name); None for ipc/inproc."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    return endpoint[len("tcp://") :].rsplit(":", 1)[0]
-
-
-def exposed_listeners(cfg: Config) -> list[str]:
-    """One line per socket this configuration opens beyond loopback, naming the key and what it exposes."""
-    out = []
-    fix = "set it to 127.0.0.1 unless other hosts must reach it (docs/security.md)"
-    h = cfg.http
-    if h.enabled and not _is_loopback(h.host):
-        what = "/metrics, /healthz" + (" and the web view" if h.web else "")
-        out.append(f"http.host {h.host!r} serves {what} on port {h.port} to every host that can reach it: {fix}")
-    z = cfg.outputs.zmq
-    if z is not None:
-        host = _tcp_host(z.endpoint)
-        if z.bind and host is not None and not _is_loopback(host):
-            out.append(f"outputs.zmq.endpoint {z.endpoint!r} publishes snapshots and events beyond loopback: {fix}")
-        host = _tcp_host(z.snapshot_endpoint) if z.snapshot_endpoint else None
-        if host is not None and not _is_loopback(host):
-            out.append(f"outputs.zmq.snapshot_endpoint {z.snapshot_endpoint!r} answers anyone who asks: {fix}")
-    for k, src in enumerate(cfg.sources):
-        if src.type == "zmq" and src.bind:
-            host = _tcp_host(src.endpoint)
-            if host is not None and not _is_loopback(host):
-                out.append(f"sources.{k}.endpoint {src.endpoint!r} accepts samples from any host: {fix}")
-    return out

@@ -253,7 +253,8 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..config import exposed_listeners, load_config
+    from ..config import load_config
+    from ..daemon.exposure import exposed_listeners
     from ..engine.settings import EngineConfig, fast_path_cost
 
     cfg = load_config(args.config)

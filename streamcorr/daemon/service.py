@@ -35,7 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 
 from ..cache import cache_dir_text
 from ..compute.local import PairEvaluator
-from ..config import Config, MqttConnection, MqttSourceConfig, exposed_listeners
+from ..config import Config, MqttConnection, MqttSourceConfig
 from ..engine.changes import ChangeEvent, calibration_eta_s, calibration_origin, null_windows
 from ..engine.core import Engine
 from ..engine.matrix import Snapshot
@@ -46,6 +46,7 @@ from ..ingest.source import Source
 from ..logutil import RateLimitedLog
 from ..publish.sinks import Sink, SinkGuard, forward, return_free_memory
 from ..transport.http import HttpGuard
+from .exposure import exposed_listeners
 from .observe import DaemonMetrics, health, liveness, readiness, status_counters
 from .parts import COMPUTE, OUTPUTS, SOURCES
 from .systemd import SystemdNotifier
@@ -360,8 +361,7 @@ class Daemon:
                 loop.add_signal_handler(sig, self.stop)
         watchdog = asyncio.create_task(self.notify.watchdog(), name="systemd-watchdog")
         try:
-            for line in exposed_listeners(self.cfg):
-                log.warning("listening beyond loopback: %s", line)
+            _ = [log.warning("listening beyond loopback: %s", line) for line in exposed_listeners(self.cfg)]
             await self._start_http()
             if await self._prepare_engine():
                 await self._serve()

@@ -168,14 +168,20 @@ class RingBuffer:
     ) -> tuple[np.ndarray, np.ndarray]:
         """sample_and_hold's values, and whether each tick shows a sample the tick before did not (fresh)."""
         t, v = self.contents()
-        idx = np.searchsorted(t, ticks_ns + tolerance_ns, side="right") - 1
+        idx, ok = _held(t, ticks_ns, max_staleness_ns, tolerance_ns)
         out = np.full(ticks_ns.shape, np.nan)
-        ok = idx >= 0
-        ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
         out[ok] = v[idx[ok]]
         fresh = ok.copy()
         fresh[1:] &= idx[1:] != idx[:-1]
         return out, fresh
+
+
+def _held(t: np.ndarray, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int) -> tuple[np.ndarray, ...]:
+    """Index into t (ascending) of the sample each tick shows, and whether it shows one (not too old)."""
+    idx = np.searchsorted(t, ticks_ns + tolerance_ns, side="right") - 1
+    ok = idx >= 0
+    ok[ok] = (ticks_ns[ok] - t[idx[ok]]) <= max_staleness_ns
+    return idx, ok
 
 
 class Resampler:
@@ -200,6 +206,19 @@ class Resampler:
     def window(self, buffers: list[RingBuffer], end_ns: int, n: int) -> np.ndarray:
         """(C, n) aligned values of each buffer over the n ticks ending at end_ns; NaN where invalid."""
         return self.window_fresh(buffers, end_ns, n)[0]
+
+    def window_ages(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(C, n) aligned values (NaN where invalid) and (C,) the mean age of each channel's held values, in ticks:
+        how far, on average, the sample a tick shows lies before the tick (negative: after it, within tolerance)."""
+        ticks = self.ticks(end_ns, n)
+        values, ages = np.full((len(buffers), n), np.nan), np.zeros(len(buffers))
+        for k, b in enumerate(buffers):
+            t, v = b.contents()
+            idx, ok = _held(t, ticks, self.max_staleness_ns, self.tolerance_ns)
+            values[k, ok] = v[idx[ok]]
+            if ok.any():
+                ages[k] = float(np.mean(ticks[ok] - t[idx[ok]])) / self.period_ns
+        return values, ages
 
     def window_fresh(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(C, n) aligned values (NaN where invalid) and (C, n) fresh flags (see the module docstring)."""

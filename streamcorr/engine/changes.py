@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the estimator's null (numba, scipy) loads with the detector
 log = logging.getLogger("streamcorr.engine.changes")
 
 
-EventKind = Literal["rise", "fall", "became-dependent", "became-independent"]
+EventKind = Literal["rise", "fall", "became-dependent", "became-independent", "lag-shift"]
 EventPath = Literal["window", "fast"]
 
 
@@ -57,6 +57,10 @@ class ChangeEvent:
     initial: bool = False
     onset_t_ns: int | None = None  # stream time the change is estimated to have begun (None: no estimate)
     path: EventPath = "window"  # which detector saw it: the window estimate, or the fast path (engine.fast)
+    # lag-shift (streamcorr.engine.lags): the pair's best lag now and as last reported, seconds (positive: the
+    # second channel follows the first); previous and current are the MI at those lags
+    lag_s: float | None = None
+    previous_lag_s: float | None = None
 
 
 class ChangeDetector:

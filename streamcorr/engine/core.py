@@ -60,6 +60,7 @@ from .fanout import Fanout
 from .fast import FastPath, window_onsets
 from .hop import Hop
 from .intake import EngineCounters, Intake
+from .lags import LagTracker
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
@@ -95,7 +96,7 @@ class Engine:
         # the hop's network pairs go here (streamcorr.compute.local); its creator starts and closes one passed in
         self.compute: PairEvaluator = compute if compute is not None else LocalEvaluator(self.est, self._stopping)
         self._log = RateLimitedLog(log)
-        self.state = MatrixState([])
+        self.state = MatrixState([], lags=config.max_lag_s > 0)
         self.counters = EngineCounters()
         self._wake = asyncio.Event()  # a window is due: the hop loop runs
         self._idle = asyncio.Event()  # no window due and no hop running: flush() returns
@@ -111,6 +112,7 @@ class Engine:
             self.fast = FastPath(self.est, self.detector, self._null, window_len=config.window_len,
                                  period_ns=self.resampler.period_ns, hop_samples=config.hop_samples,
                                  sentinel_len=sentinel_len(config))  # fmt: skip
+        self.lags = LagTracker.for_engine(config, self.est, self.calibration, self.resampler.period_ns)
         self.screener = Screener.for_engine(config, cache_dir())
         # smooth pairs' own nulls, measured again once their window has been replaced
         self.surrogates = SurrogateNulls(config.surrogates, config.window_len * self.resampler.period_ns)
@@ -184,8 +186,9 @@ class Engine:
         if gone:
             self.state.remove_channels(gone)
             self.detector.forget(gone)
-            if self.fast is not None:
-                self.fast.forget(gone)
+            for part in (self.fast, self.lags):
+                if part is not None:
+                    part.forget(gone)
             self.surrogates.forget_channels(gone)
         self.state.add_channels(new)  # one regrowth of the matrices for all of them
         prev, names = self._scheduler, self.state.channels
@@ -222,15 +225,20 @@ class Engine:
         The stages in order: align the channels' window, rank each channel, select the pairs (screen or rotation),
         estimate them (network, own rows, effective sizes), judge them against their nulls, publish the matrix
         state. ``counters.stage_s`` times them as align (selection without the screen included), ranks, screen,
-        model, significance (effective sizes and nulls), gapped_pairs (own rows) and publish (the detector's
-        verdicts included): the keys of /metrics' streamcorr_stage_seconds."""
+        model, significance (effective sizes and nulls), gapped_pairs (own rows), fast, lags and publish (the
+        detector's verdicts included): the keys of /metrics' streamcorr_stage_seconds."""
         hop = Hop(end_tick, time.perf_counter())
         self._align(hop)
         self._rank(hop)
         self._select(hop)
         self._estimate(hop)
         events = self._judge(hop)
-        events += self._fast(hop)
+        if self.fast is not None:  # seconds after a change (streamcorr.engine.fast)
+            events += self.fast.step(hop, self.channels, self._pairs)
+            hop.lap(self.counters, "fast")
+        if self.lags is not None:  # lead and lag (streamcorr.engine.lags)
+            events += self.lags.step(hop, self.channels, self._pairs, self.resampler, self.detector, self.state)
+            hop.lap(self.counters, "lags")
         return self._publish(hop), events
 
     def _align(self, hop: Hop) -> None:
@@ -332,14 +340,6 @@ class Engine:
         events = self.detector.update_many(hop.done_pairs, hop.mi[done], hop.n_eff[done], hop.end_tick, own)
         if events and hop.u.size:  # when each began, from the window's evidence
             events = window_onsets(self.est, events, hop.u, self.state.channels, self.resampler.period_ns)
-        return events
-
-    def _fast(self, hop: Hop) -> list[ChangeEvent]:
-        """The fast path's events (streamcorr.engine.fast)."""
-        if self.fast is None:
-            return []
-        events = self.fast.step(hop, self.channels, self._pairs)
-        hop.lap(self.counters, "fast")
         return events
 
     def _publish(self, hop: Hop) -> Snapshot:

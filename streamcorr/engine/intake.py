@@ -37,7 +37,7 @@ from ..estimate.copula import SlidingRanks, Ties
 from ..logutil import RateLimitedLog
 from ..names import name_problem
 from .buffers import ChannelCounters, Resampler, RingBuffer
-from .settings import EngineConfig
+from .settings import EngineConfig, lag_samples
 
 log = logging.getLogger("streamcorr.engine.core")
 
@@ -127,7 +127,7 @@ class Intake:
         self._on_due = on_due
         self._log = RateLimitedLog(log)
         self.resampler = Resampler(cfg.rate_hz, cfg.max_staleness_s)
-        self.capacity = cfg.buffer_len or 2 * (cfg.window_len + 2 * cfg.hop_samples)
+        self.capacity = cfg.buffer_len or 2 * (cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples)
         self.channels: dict[str, Channel] = {}  # insertion order is matrix order
         self.stream_ns: int | None = None  # newest accepted timestamp (never past the receive clock)
         self.next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate

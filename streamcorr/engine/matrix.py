@@ -36,6 +36,10 @@ class Snapshot:
     # size on its newest network window (NaN: never); None: not known (older publisher)
     dependent: np.ndarray | None = field(default=None, kw_only=True)
     n_eff: np.ndarray | None = field(default=None, kw_only=True)
+    # lead and lag (streamcorr.engine.lags; None: off): each pair's newest significant best lag, seconds, with
+    # lag_s[i, j] > 0 when channel j follows channel i (antisymmetric), and the MI at that lag; NaN: none
+    lag_s: np.ndarray | None = field(default=None, kw_only=True)
+    mi_lag: np.ndarray | None = field(default=None, kw_only=True)
     # as received by a Subscriber: "live" (just published), "retained" (the broker's or the cache's copy,
     # made wall_age_s ago) or "offline" (its publisher's last status says offline: the daemon is gone)
     origin: str = "live"
@@ -79,8 +83,11 @@ SOURCE_NONE, SOURCE_NETWORK, SOURCE_SCREEN = 0, 1, 2  # values of Snapshot.sourc
 
 
 class MatrixState:
-    def __init__(self, channels: list[str]) -> None:
+    def __init__(self, channels: list[str], lags: bool = False) -> None:
         n = len(channels)
+        self.lags = lags  # the lag_s and mi_lag matrices are kept (lags.max_s > 0)
+        self.lag_s = np.full((n, n), np.nan) if lags else np.zeros((0, 0))
+        self.mi_lag = np.full((n, n), np.nan) if lags else np.zeros((0, 0))
         self.channels = list(channels)
         self.mi = np.full((n, n), np.nan)
         self.coverage = np.full((n, n), np.nan)
@@ -100,6 +107,8 @@ class MatrixState:
         self.channels.extend(names)
         cells = (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1), ("network_ns", -1), ("source", 0),
                  ("dependent", False), ("n_eff", np.nan))  # fmt: skip
+        if self.lags:
+            cells += (("lag_s", np.nan), ("mi_lag", np.nan))
         for attr, fill in cells:
             old = getattr(self, attr)
             new = np.full((n + k, n + k), fill, dtype=old.dtype)
@@ -110,7 +119,8 @@ class MatrixState:
         """Drop channels (retired) and their rows and columns; the others keep their order and cells."""
         keep = np.array([k for k, name in enumerate(self.channels) if name not in names], dtype=np.int64)
         self.channels = [self.channels[k] for k in keep]
-        for attr in ("mi", "coverage", "refreshed_ns", "network_ns", "source", "dependent", "n_eff"):
+        lags = ("lag_s", "mi_lag") if self.lags else ()
+        for attr in ("mi", "coverage", "refreshed_ns", "network_ns", "source", "dependent", "n_eff", *lags):
             setattr(self, attr, getattr(self, attr)[np.ix_(keep, keep)])
 
     def update(
@@ -138,6 +148,11 @@ class MatrixState:
             self.dependent[a, b] = dependent
             self.n_eff[a, b] = n_eff
 
+    def set_lags(self, i: np.ndarray, j: np.ndarray, lag_s: np.ndarray, mi_lag: np.ndarray) -> None:
+        """Record the newest lag search of pairs (i, j): lag_s > 0 when j follows i (NaN: no significant lag)."""
+        self.lag_s[i, j], self.lag_s[j, i] = lag_s, -lag_s
+        self.mi_lag[i, j] = self.mi_lag[j, i] = mi_lag
+
     def snapshot(self, t_ns: int, wall_ns: int) -> Snapshot:
         self.seq += 1
         age = np.where(self.refreshed_ns < 0, np.inf, (t_ns - self.refreshed_ns) / 1e9)
@@ -154,4 +169,6 @@ class MatrixState:
             network_age_s=net_age,
             dependent=self.dependent.copy(),
             n_eff=self.n_eff.copy(),
+            lag_s=self.lag_s.copy() if self.lags else None,
+            mi_lag=self.mi_lag.copy() if self.lags else None,
         )

@@ -19,13 +19,14 @@ window_len (window.samples in a config file): Input should be greater than or eq
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ..config import HOP_S, Changes, Channels, Config, EstimatorConfig, Pairs, Screening, Window, parse_config
+from ..config import HOP_S, Changes, Channels, Config, EstimatorConfig, Lags, Pairs, Screening, Window, parse_config
 from ..errors import ConfigError
 from ..names import name_problem
 from .scheduler import PairSelection
@@ -62,8 +63,12 @@ ENGINE_KEYS: dict[str, tuple[type[BaseModel], str]] = {
     "rel_delta": (Changes, "rel_delta"),
     "fast": (Changes, "fast"),
     "fast_window": (Changes, "fast_window"),
+    "max_lag_s": (Lags, "max_s"),
+    "lag_refresh_s": (Lags, "refresh_s"),
+    "lag_pairs_per_hop": (Lags, "max_pairs_per_hop"),
 }
-_SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes"}
+_SECTION = {Channels: "channels", Window: "window", Pairs: "pairs", Screening: "screening", Changes: "changes",
+            Lags: "lags"}  # fmt: skip
 _SECTION_KEYS: dict[type[BaseModel], dict[str, str]] = {}  # section -> {config key: EngineConfig field}
 for _name, (_section, _key) in ENGINE_KEYS.items():
     _SECTION_KEYS.setdefault(_section, {})[_key] = _name
@@ -83,7 +88,7 @@ class EngineConfig:
     hop_samples: int = 0  # window advance between evaluations, samples; 0: hop_s x rate_hz
     hop_s: float | None = None  # seconds between evaluations when hop_samples is 0 (None: config.HOP_S, 1 s)
     max_staleness_s: float = _default("max_staleness_s")  # sample-and-hold limit; also how long a window waits
-    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + 2 hops, x2 for jitter)
+    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + max lag + 2 hops, x2)
     pairs: PairSelection = field(default_factory=PairSelection)
     max_pairs_per_hop: int | None = _default("max_pairs_per_hop")  # None: every selected pair each hop
     min_coverage: float = _default("min_coverage")  # pairs valid over less of the window are not evaluated
@@ -101,6 +106,9 @@ class EngineConfig:
     rel_delta: float = _default("rel_delta")  # ... and this fraction of its level
     fast: bool = _default("fast")  # the fast change path (streamcorr.engine.fast)
     fast_window: int = _default("fast_window")  # samples: its sentinel's short window
+    max_lag_s: float = _default("max_lag_s")  # seconds: lead/lag search range (streamcorr.engine.lags); 0: off
+    lag_refresh_s: float = _default("lag_refresh_s")  # each pair's lag searched again at least this often
+    lag_pairs_per_hop: int = _default("lag_pairs_per_hop")  # pairs whose lag is searched per hop, at most
     auto_add_channels: bool = _default("auto_add_channels")
     max_channels: int = _default("max_channels")  # channels in all, configured ones first; more names refused
     auto_pairs_per_hop: int = _default("auto_pairs_per_hop")  # pairs with an auto-added channel per hop, at most
@@ -168,6 +176,11 @@ def sentinel_len(cfg: EngineConfig) -> int:
     """Samples of the fast path's short window: changes.fast_window, at most a quarter of the window (64 or more),
     so that it sees a change well before the window does."""
     return min(cfg.window_len, max(64, min(cfg.fast_window, cfg.window_len // 4)))
+
+
+def lag_samples(cfg: EngineConfig) -> int:
+    """The lead/lag search range in samples of the common clock (0: off)."""
+    return math.ceil(cfg.max_lag_s * cfg.rate_hz - 1e-9) if cfg.max_lag_s > 0 else 0
 
 
 def pair_selection(p: Pairs) -> PairSelection:
