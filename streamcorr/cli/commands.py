@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..errors import ConfigError, StreamcorrError
+from ..errors import ConfigError, InputError, StreamcorrError
 from ..offline.logs import ReadLimits
 from .replay import add_limit_flags, limits_from
 
@@ -91,7 +92,42 @@ def _estimate(args: argparse.Namespace) -> int:
     if dropped:
         print(f"note: {dropped} of {len(x)} rows dropped (missing or non-numeric {args.x!r} or {args.y!r})",
               file=sys.stderr)  # fmt: skip
-    print(f"{Estimator().estimate(x[keep], y[keep]):.4f}")
+    if args.max_lag_s is None:
+        print(f"{Estimator().estimate(x[keep], y[keep]):.4f}")
+        return 0
+    return _estimate_lag(args, table, x, y, keep)
+
+
+def _estimate_lag(args: argparse.Namespace, table: _Table, x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> int:
+    """MI against lag: rows are samples on one clock (its rate from --rate-hz, else the time column)."""
+    from ..engine.lagscan import lag_scan
+    from ..estimate.estimator import default_estimator
+
+    rate = args.rate_hz
+    if rate is None and table.time is not None:
+        step = np.diff(table.column(table.time))
+        rate = 1.0 / float(np.median(step)) if len(step) and np.median(step) > 0 else None
+    if not (math.isfinite(args.max_lag_s) and args.max_lag_s > 0):
+        raise InputError(f"--max-lag-s must be a positive number of seconds; got {args.max_lag_s}")
+    if rate is None or not (math.isfinite(rate) and rate > 0):
+        raise InputError("--max-lag-s needs the rows' rate: give --rate-hz, or a time column (t, time, ...)")
+    k = max(1, math.ceil(args.max_lag_s * rate - 1e-9))
+    if not keep.all():
+        raise InputError(f"--max-lag-s needs every row to have both {args.x!r} and {args.y!r} (rows are the clock)")
+    if len(x) < MIN_ROWS + k:
+        raise InputError(f"{len(x)} rows: a lag search of +-{k} samples needs at least {MIN_ROWS + k}")
+    r = lag_scan(default_estimator(), np.stack([x, y]), [0], [1], max_lag=k)
+    print(f"lag_s\tscan_mi  ({args.y!r} against {args.x!r}; lag > 0: {args.y!r} follows)")
+    for lag, value in zip(np.arange(-k, k + 1) / rate, r.curve[0], strict=True):
+        print(f"{lag:+.4f}\t{value:.4f}")
+    for lag, value in zip(r.cand_lag[0] / rate, r.cand_mi[0], strict=True):
+        print(f"network at {lag:+.4f} s: {value:.4f} nats")
+    if r.significant[0]:
+        print(f"best lag {r.lag[0] / rate:+.4f} s, MI there {r.mi[0]:.4f} nats (null for the best of the lags: "
+              f"{r.threshold[0]:.4f})")  # fmt: skip
+    else:
+        print(f"no significant lag: best MI {r.mi[0]:.4f} nats is within the null for the best of the lags "
+              f"({r.threshold[0]:.4f})")  # fmt: skip
     return 0
 
 
@@ -344,6 +380,13 @@ def _parser() -> argparse.ArgumentParser:
     est.add_argument("csv")
     est.add_argument("x")
     est.add_argument("y")
+    est.add_argument(
+        "--max-lag-s",
+        type=float,
+        help="also search lags within +-this many seconds: prints MI against "
+        "the lag of y (> 0: y follows x) and the best lag",
+    )
+    est.add_argument("--rate-hz", type=float, help="with --max-lag-s: the rows' rate (default: from the time column)")
     add_limit_flags(est)
     est.set_defaults(func=_estimate)
     mat = sub.add_parser("matrix", help="MI matrix of all numeric column pairs of a CSV (header row) or Parquet file")

@@ -47,6 +47,12 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--max-gap-s", type=float, help="a longer stretch without samples on any channel is skipped, "
                     "not evaluated hop by hop, and listed in replay.json (default: 4 windows)")  # fmt: skip
     add_limit_flags(rp)
+    rp.add_argument(
+        "--max-lag-s",
+        type=float,
+        help="search each pair's best lag within +-this many seconds: timeline "
+        "columns lag_s (> 0: the second channel follows the first) and mi_lag (default: config, else off)",
+    )
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.set_defaults(func=_replay)
     rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
@@ -83,7 +89,7 @@ def _replay(args: argparse.Namespace) -> int:
     from ..offline.logs import open_log
 
     limits = limits_from(args)
-    for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s)):
+    for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s), ("--max-lag-s", args.max_lag_s)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise InputError(f"{flag} must be a finite number more than 0; got {value}")
     rec = open_log(
@@ -124,12 +130,15 @@ def _replay(args: argparse.Namespace) -> int:
             changes["hop_samples"] = args.hop
         if args.screening is not None:
             changes["screening"] = args.screening
+        if args.max_lag_s is not None:
+            changes["max_lag_s"] = args.max_lag_s
         if changes:
             ec = dataclasses.replace(ec, **changes)  # type: ignore[arg-type]
     else:
         rate = args.rate_hz or 100.0
         ec = EngineConfig(channels=list(rec.series), rate_hz=rate, window_len=args.window or 1024,
-                          hop_samples=args.hop or 0, screening=args.screening or "off")  # fmt: skip
+                          hop_samples=args.hop or 0, screening=args.screening or "off",
+                          max_lag_s=args.max_lag_s or 0.0)  # fmt: skip
     if args.threads is not None:
         if args.threads < 1:
             raise InputError(f"--threads must be at least 1; got {args.threads}")

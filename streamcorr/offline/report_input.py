@@ -17,11 +17,17 @@ from ..errors import InputError
 
 __all__ = ["load_output"]
 
-_OPTIONAL = {"dependent": "bool", "n_eff": "float32"}  # absent from older output: read as nulls
+_OPTIONAL = {"dependent": "bool", "n_eff": "float32", "lag_s": "float32"}  # absent from older output: nulls
 _TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
 _EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
                 "previous": "float64", "current": "float64"}  # fmt: skip
-_EVENT_OPTIONAL = {"initial": "bool", "onset_t_ns": "int64", "path": "string"}  # absent from older output: nulls
+_EVENT_OPTIONAL = {
+    "initial": "bool",
+    "onset_t_ns": "int64",
+    "path": "string",
+    "lag_s": "float64",
+    "previous_lag_s": "float64",
+}  # absent from older output: nulls
 MAX_ROWS = 5_000_000  # timeline rows a report reads (each row is a pair at a hop): beyond, a named error
 MAX_EVENTS = 100_000
 MAX_NAME_CHARS = 1024  # channel names longer than this are not from streamcorr

@@ -21,14 +21,17 @@ misread a message.
 | `source`       | u1 matrix (opt.)            | what `mi` holds: 0 never assessed, 1 network estimate, 2 screen    |
 | `dependent`    | u1 matrix (opt.)            | the change detector's verdict: 1 dependent, 0 not (or not yet)     |
 | `n_eff`        | matrix (opt.)               | effective sample size of the newest network window; NaN: never     |
+| `lag_s`        | matrix (opt.)               | best lag, s: `[i, j]` > 0 when channel j follows i; NaN: none      |
+| `mi_lag`       | matrix (opt.)               | MI at that lag, nats; NaN: no significant lag                      |
 | *event:*       |                             |                                                                    |
 | `pair`         | `[str, str]`                | the two channels                                                   |
-| `change`       | str                         | `"rise"`, `"fall"`, `"became-dependent"` or `"became-independent"` |
+| `change`       | str                         | `"rise"`, `"fall"`, `"became-[in]dependent"` or `"lag-shift"`      |
 | `previous`     | float                       | last reported MI of the pair, nats                                 |
 | `current`      | float                       | MI now, nats                                                       |
 | `initial`      | bool (opt.; absent: false)  | `became-dependent` at the pair's first assessment, not an onset    |
 | `onset_t_ns`   | int or nil (opt.)           | estimated start of the change, stream ns; nil: no estimate         |
 | `path`         | str (opt.; absent: window)  | which detector saw it: `"window"` estimate or `"fast"` path        |
+| `lag_s`        | float (opt.; lag-shift)     | the pair's best lag now, s (`previous_lag_s`: as last reported)    |
 | *status:*      |                             |                                                                    |
 | `state`        | str                         | `"online"` or `"offline"`                                          |
 | `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
@@ -39,6 +42,7 @@ is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an 
 stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
 screen this hop, not a network estimate. `dependent` (``"|u1"``, 0/1: a cell with MI and 0 is not significant)
 and `n_eff` are optional too, and left out (`n_eff` first) of a snapshot they would push past the size limit:
+(`lag_s` and `mi_lag`, from publishers with ``lags.max_s`` set, likewise, before them)
 `n_eff` above about 1,900 channels, `dependent` only near 2,048 channels with names of kilobytes.
 (``Snapshot.network_age_s``, the age of each pair's last network estimate, stays in-process: with it a
 2,048-channel snapshot would pass the limit.) A `seq` lower than the last one seen means the publisher
@@ -81,6 +85,9 @@ True
 >>> out = decode(encode_event(replace(ev, onset_t_ns=4 * 10**8, path="fast"), seq=2))  # when it began, who saw it
 >>> out.onset_t_ns, out.path
 (400000000, 'fast')
+>>> out = decode(encode_event(replace(ev, kind="lag-shift", lag_s=0.3, previous_lag_s=0.1), seq=3))
+>>> out.kind, out.lag_s, out.previous_lag_s  # the second channel now follows the first by 0.3 s
+('lag-shift', 0.3, 0.1)
 """
 
 from __future__ import annotations
@@ -114,8 +121,8 @@ _READ_DTYPES = ("<f4", "<f8")
 _BYTE_DTYPE = "|u1"  # the source and dependent matrices: one byte per cell
 # the snapshot's matrices in the order sent, with their dtype on the wire; None in a Snapshot: not sent
 _WIRE = {"mi": _MATRIX_DTYPE, "age_s": _MATRIX_DTYPE, "coverage": _MATRIX_DTYPE, "source": _BYTE_DTYPE,
-         "dependent": _BYTE_DTYPE, "n_eff": _MATRIX_DTYPE}  # fmt: skip
-_IF_ROOM = ("dependent", "n_eff")  # sent only when they fit under MAX_ENVELOPE_BYTES, in this order
+         "dependent": _BYTE_DTYPE, "n_eff": _MATRIX_DTYPE, "lag_s": _MATRIX_DTYPE, "mi_lag": _MATRIX_DTYPE}  # fmt: skip
+_IF_ROOM = ("dependent", "n_eff", "lag_s", "mi_lag")  # sent only when they fit under MAX_ENVELOPE_BYTES, in order
 _CHANGES = frozenset(get_args(EventKind))
 _UINT64_MAX = 2**64 - 1
 _SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
@@ -280,6 +287,8 @@ def encode_event(ev: ChangeEvent, *, seq: int, wall_ns: int | None = None) -> by
         "onset_t_ns": None if ev.onset_t_ns is None else int(ev.onset_t_ns),
         "path": ev.path,
     }
+    if ev.lag_s is not None:
+        msg["lag_s"], msg["previous_lag_s"] = float(ev.lag_s), ev.previous_lag_s
     return msgpack.packb(msg, use_bin_type=True)
 
 
@@ -364,17 +373,13 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
         raise EnvelopeError("snapshot field 'channels' has duplicate names")
     n = len(channels)
     pairs = _decode_pairs(m["pairs"], n) if "pairs" in m else None
-    source: np.ndarray | None = None
-    dependent: np.ndarray | None = None
-    n_eff: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = {}  # the optional matrices sent
     if "mi" in m:
         mi, age_s, coverage = (_decode_matrix(m, key, n) for key in ("mi", "age_s", "coverage"))
-        if "source" in m:
-            source = _decode_matrix(m, "source", n, (_BYTE_DTYPE,))
-        if "dependent" in m:
-            dependent = _decode_matrix(m, "dependent", n, (_BYTE_DTYPE,)) != 0
-        if "n_eff" in m:
-            n_eff = _decode_matrix(m, "n_eff", n)
+        for key in (k for k in _WIRE if k in m and k not in ("mi", "age_s", "coverage")):
+            extra[key] = _decode_matrix(m, key, n, (_BYTE_DTYPE,) if _WIRE[key] == _BYTE_DTYPE else _READ_DTYPES)
+        if "dependent" in extra:
+            extra["dependent"] = extra["dependent"] != 0
     elif pairs is not None:
         mi = np.full((n, n), np.nan)
         for i, j, value in pairs:
@@ -383,7 +388,7 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
     else:
         raise EnvelopeError("snapshot envelope has neither matrices ('mi') nor 'pairs'")
     snap = Snapshot(_int(m, "snapshot_seq", "snapshot", 0, _UINT64_MAX), _int(m, "t_ns", "snapshot"), wall_ns,
-                    tuple(channels), mi, age_s, coverage, source=source, dependent=dependent, n_eff=n_eff)  # fmt: skip
+                    tuple(channels), mi, age_s, coverage, **extra)  # fmt: skip
     return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
 
 
@@ -402,7 +407,11 @@ def _decode_event(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
     onset = None if m.get("onset_t_ns") is None else _int(m, "onset_t_ns", "event")  # absent (older) or nil
     if (path := m.get("path", "window")) not in ("window", "fast"):
         raise EnvelopeError(f"event field 'path' must be 'window' or 'fast'; got {path!r:.40}")
-    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change, initial, onset, path)
+    lags = [m.get(k) for k in ("lag_s", "previous_lag_s")]  # lag-shift only
+    if not all(v is None or type(v) in (int, float) for v in lags):
+        raise EnvelopeError(f"event fields 'lag_s', 'previous_lag_s' must be numbers or nil; got {lags!r:.60}")
+    ev = ChangeEvent((pair[0], pair[1]), previous, current, _int(m, "t_ns", "event"), change, initial, onset, path,
+                     *(None if v is None else float(v) for v in lags))  # fmt: skip
     return Message("event", seq, ev, wall_ns)
 
 

@@ -14,6 +14,8 @@ age_s      float32   seconds of stream time since the value was computed (0: thi
 source     string    ``network`` (InfoNet estimate) or ``screen`` (the screen's small-dependence figure)
 dependent  bool      the change detector's verdict at this hop; false: not significant; null: not known
 n_eff      float32   effective sample size of the pair's newest network window; NaN: none yet
+lag_s      float32   the pair's best lag, s; > 0: b follows a (``lags.max_s``); NaN: no significant lag, or off
+mi_lag     float32   nats: the MI at that lag; NaN with lag_s
 ========== ========= =================================================================
 
 Events (``events.parquet`` and ``events.jsonl``, one object per line with the same keys): ``time`` (float64 s),
@@ -21,7 +23,8 @@ Events (``events.parquet`` and ``events.jsonl``, one object per line with the sa
 ``previous`` and ``current`` (nats), ``initial`` (bool: a ``became-dependent`` at the pair's first assessment,
 dependent from the start rather than an onset), ``onset_t_ns`` (int64, null without an estimate: the stream time
 the change is estimated to have begun; ``time`` and ``t_ns`` stay the time it was detected) and ``path``
-(``window`` or ``fast``: the detector that saw it, streamcorr.engine.fast).
+(``window`` or ``fast``: the detector that saw it, streamcorr.engine.fast); a ``lag-shift`` (streamcorr.engine.lags)
+also fills ``lag_s`` and ``previous_lag_s`` (float64 s, the new and the last reported lag; null for other changes).
 
 Rows are written in row groups as hops arrive, and events line by line, so a stop part way (Ctrl-C) leaves
 both files readable with every hop done so far once :meth:`HistoryWriter.close` has run.
@@ -41,8 +44,10 @@ from ..errors import InputError
 
 __all__ = ["EVENT_COLUMNS", "TIMELINE_COLUMNS", "HistoryWriter"]
 
-TIMELINE_COLUMNS = ("time", "t_ns", "a", "b", "mi", "coverage", "age_s", "source", "dependent", "n_eff")
-EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current", "initial", "onset_t_ns", "path")
+TIMELINE_COLUMNS = ("time", "t_ns", "a", "b", "mi", "coverage", "age_s", "source", "dependent", "n_eff", "lag_s",
+                    "mi_lag")  # fmt: skip
+EVENT_COLUMNS = ("time", "t_ns", "a", "b", "change", "previous", "current", "initial", "onset_t_ns", "path", "lag_s",
+                 "previous_lag_s")  # fmt: skip
 SOURCE_NAMES = {SOURCE_NETWORK: "network", SOURCE_SCREEN: "screen"}
 _ROWS_PER_GROUP = 1 << 17
 
@@ -70,6 +75,8 @@ def timeline_schema() -> Any:
             ("source", pa.string()),
             ("dependent", pa.bool_()),
             ("n_eff", pa.float32()),
+            ("lag_s", pa.float32()),
+            ("mi_lag", pa.float32()),
         ]
     )
 
@@ -79,14 +86,16 @@ def event_schema() -> Any:
     fields = [("time", pa.float64()), ("t_ns", pa.int64()), ("a", pa.string()), ("b", pa.string())]
     levels = [("previous", pa.float64()), ("current", pa.float64()), ("initial", pa.bool_())]
     when = [("onset_t_ns", pa.int64()), ("path", pa.string())]
-    return pa.schema([*fields, ("change", pa.string()), *levels, *when])
+    lags = [("lag_s", pa.float64()), ("previous_lag_s", pa.float64())]  # lag-shift only
+    return pa.schema([*fields, ("change", pa.string()), *levels, *when, *lags])
 
 
 def event_row(ev: ChangeEvent) -> dict[str, Any]:
     a, b = ev.pair
     return {"time": ev.t_ns / 1e9, "t_ns": ev.t_ns, "a": a, "b": b, "change": ev.kind,
             "previous": ev.previous, "current": ev.current, "initial": bool(ev.initial),
-            "onset_t_ns": ev.onset_t_ns, "path": ev.path}  # fmt: skip
+            "onset_t_ns": ev.onset_t_ns, "path": ev.path, "lag_s": ev.lag_s,
+            "previous_lag_s": ev.previous_lag_s}  # fmt: skip
 
 
 def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndarray]:
@@ -102,7 +111,10 @@ def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndar
     n = len(i)
     # a snapshot made outside MatrixState may not know the verdict: null in the table, not False
     dependent = np.full(n, None, dtype=object) if snap.dependent is None else snap.dependent[i, j].astype(bool)
-    n_eff = np.full(n, np.nan, dtype=np.float32) if snap.n_eff is None else snap.n_eff[i, j].astype(np.float32)
+
+    def cells(m: np.ndarray | None) -> np.ndarray:
+        return np.full(n, np.nan, dtype=np.float32) if m is None else m[i, j].astype(np.float32)
+
     return {
         "time": np.full(n, snap.t_ns / 1e9),
         "t_ns": np.full(n, snap.t_ns, dtype=np.int64),
@@ -113,7 +125,9 @@ def snapshot_rows(snap: Snapshot, top_k: int | None = None) -> dict[str, np.ndar
         "age_s": snap.age_s[i, j].astype(np.float32),
         "source": np.array([SOURCE_NAMES.get(int(s), "none") for s in src[i, j]], dtype=object),
         "dependent": dependent,
-        "n_eff": n_eff,
+        "n_eff": cells(snap.n_eff),
+        "lag_s": cells(snap.lag_s),
+        "mi_lag": cells(snap.mi_lag),
     }
 
 
