@@ -113,3 +113,16 @@ def quantile_slabs(u: np.ndarray, v: np.ndarray, slabs: int) -> tuple[np.ndarray
         for k in range(slabs):
             rows.append([(float(u[r, i]), float(v[r, i])) for i in order[k * size : (k + 1) * size]])
     return codes, rows
+
+
+def lagged_screen_statistic(fx: np.ndarray, fy: np.ndarray, lag: int) -> float:
+    """The screen's statistic of features fx, fy (F, L) with y shifted by lag: x[t] against y[t + lag] over the
+    overlapping samples, one feature pair and one sample at a time."""
+    f, length = fx.shape
+    ts = [t for t in range(length) if 0 <= t + lag < length]
+    total = 0.0
+    for k in range(f):
+        for m in range(f):
+            cross = sum(float(fx[k, t]) * float(fy[m, t + lag]) for t in ts) / len(ts)
+            total += cross * cross
+    return len(ts) * total

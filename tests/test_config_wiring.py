@@ -61,6 +61,7 @@ def _config(tmp: Path) -> dict[str, Any]:
         "changes": {"false_alarm_rate": 0.01, "min_effect": 0.2, "persist": 3, "delta": 0.3, "rel_delta": 0.5,
                     "fast": False, "fast_window": 512,
                     "false_alarms_per_hour": 3.0, "significance": "iid", "surrogates": 7},
+        "lags": {"max_s": 0.35, "refresh_s": 3.0, "max_pairs_per_hop": 17},
         "outputs": {
             "zmq": {"endpoint": "tcp://127.0.0.1:15556", "bind": False, "snapshot_endpoint": "tcp://127.0.0.1:15557",
                     "prefix": "pz", "top_k": 4, "threshold": 0.3, "max_queue_bytes": 1 << 20},
@@ -213,6 +214,9 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
         "changes.rel_delta": lambda p: p.engine.detector.rel_delta,
         "changes.fast": lambda p: p.engine.fast is not None,  # off: no fast path at all
         "changes.fast_window": lambda p: p.engine.cfg.fast_window,  # the sentinel's length derives from it
+        "lags.max_s": lambda p: p.engine.lags.max_lag / p.engine.cfg.rate_hz,  # samples of the clock
+        "lags.refresh_s": lambda p: p.engine.lags.refresh_ns / 1e9,
+        "lags.max_pairs_per_hop": lambda p: p.engine.lags.max_pairs,
         "outputs.record.directory": lambda p: str(p.record.dir),
         "outputs.status_interval_s": lambda p: p.daemon.status_interval_s,
         "http.enabled": lambda p: p.http_url is not None,
