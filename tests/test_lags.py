@@ -180,3 +180,71 @@ def test_lags_off_by_default_and_buffers_hold_the_lag_range() -> None:
     on = Engine(EngineConfig(channels=["a", "b"], rate_hz=RATE, window_len=256, max_lag_s=2.0))
     assert off.lags is None and off.state.snapshot(0, 0).lag_s is None
     assert on.intake.capacity >= 256 + 200 and on.intake.capacity - off.intake.capacity == 2 * 200
+
+
+def test_daemon_publishes_lags_to_a_plain_zmq_client(tmp_path):
+    """`streamcorr run` with lags on, fed msgpack chunks by pyzmq: a plain SUB client that decodes the envelope with
+    msgpack and numpy alone reads lag_s > 0 where the second channel follows the first, the antisymmetric cell,
+    and mi_lag; an independent pair has none."""
+    import time
+
+    import msgpack
+    import zmq
+
+    from tests.brokers import free_port
+    from tests.helpers import daemon_process
+
+    rng = np.random.default_rng(6061)
+    rate, n = 50.0, 50 * 20
+    a = rng.standard_normal(n)
+    b = np.square(_delayed(a, 9.0)) + 0.3 * rng.standard_normal(n)  # b follows a by 0.18 s
+    c = _smooth(rng, n, 0.9)
+    p_in, p_out = free_port(), free_port()
+    cfg = {
+        "version": 1,
+        "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
+                     "channel_template": "{key}"}],
+        "channels": {"names": ["a", "b", "c"], "rate_hz": rate},
+        "window": {"samples": 256, "hop_s": 1.0, "skip_stale_hops": False},
+        "lags": {"max_s": 0.4, "refresh_s": 1.0},
+        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}"}},
+        "http": {"port": 0},
+        "logging": {"format": "text"},
+    }  # fmt: skip
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"streamcorr/snapshot")
+    sub.connect(f"tcp://127.0.0.1:{p_out}")
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{p_in}")
+    with daemon_process(tmp_path, cfg) as proc:
+        t_end = time.time()
+        t = t_end - (n - np.arange(n)) / rate  # the past 20 s, sent at once
+        for k in range(0, n, 50):
+            chunk = {"t": t[k : k + 50].tolist(), "channels": {"a": a[k : k + 50].tolist(),
+                     "b": b[k : k + 50].tolist(), "c": c[k : k + 50].tolist()}}  # fmt: skip
+            push.send_multipart([b"rig", msgpack.packb(chunk)])
+        deadline, m = time.monotonic() + 120, None
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.log_path.read_text()[-2000:]
+            if not sub.poll(1000):
+                continue
+            _topic, payload = sub.recv_multipart()
+            msg = msgpack.unpackb(payload, raw=False)
+            if "lag_s" in msg and msg["t_ns"] >= int((t_end - 1.5) * 1e9):
+                m = msg
+                break
+    sub.close()
+    push.close()
+    assert m is not None, "no snapshot with lags from the end of the stream"
+
+    def matrix(key: str) -> np.ndarray:
+        return np.frombuffer(m[key]["data"], dtype=m[key]["dtype"]).reshape(m[key]["shape"])
+
+    lag, mi_lag, names = matrix("lag_s"), matrix("mi_lag"), m["channels"]
+    ia, ib, ic = names.index("a"), names.index("b"), names.index("c")
+    assert lag[ia, ib] == pytest.approx(0.18, abs=0.02) and lag[ib, ia] == -lag[ia, ib]
+    assert mi_lag[ia, ib] > 0.3
+    assert np.isnan(lag[ia, ic]) and np.isnan(lag[ib, ic])

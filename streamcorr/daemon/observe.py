@@ -189,6 +189,13 @@ class DaemonMetrics(Collector):
             for stage, sec in ec.stage_s.items():
                 stages.add_metric([stage], sec)
             yield stages
+            paths = CounterMetricFamily(
+                "streamcorr_engine_path", "Fast-path and lag-search counts", labels=["path", "count"]
+            )
+            for path, part in (("fast", engine.fast), ("lags", engine.lags)):
+                for key, x in ({} if part is None else part.counts).items():
+                    paths.add_metric([path, key], x)
+            yield paths
             yield from _compute_metrics(engine.compute, d.cfg.compute.backend)
             if engine.latest is not None:
                 yield from _pair_metrics(engine.latest, d.cfg)

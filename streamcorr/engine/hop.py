@@ -51,6 +51,10 @@ class Hop:
     done: np.ndarray = field(default_factory=_no_mask)  # (P,) estimated this hop
     groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # own-row pairs: (ranks, indices)
     done_pairs: list[tuple[str, str]] = field(default_factory=list)
+    began: float = 0.0  # perf_counter at the start of the hop
+
+    def __post_init__(self) -> None:
+        self.began = self.t0
 
     def lap(self, counters: EngineCounters, stage: str) -> None:
         self.t0 = counters.add_time(stage, self.t0)

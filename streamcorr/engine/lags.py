@@ -1,7 +1,10 @@
 """Lead and lag per pair, live: which channel leads, by how much, and when that changes (``lags`` in a config).
 
 Each hop the tracker searches the lags of up to ``lags.max_pairs_per_hop`` pairs whose last search is at least
-``lags.refresh_s`` old: pairs the change detector holds dependent first, then the others, stalest first. A search
+``lags.refresh_s`` old: pairs the change detector holds dependent first, then the others, stalest first; and only
+as many as fit in what is left of the hop's time budget (``screening.hop_budget`` of the hop, at the measured
+seconds per search; at least one pair a hop), so that lags never cost a live engine its hops: pairs left over
+wait for a later hop (``counts["deferred"]``). A search
 (:func:`streamcorr.engine.lagscan.lag_scan`) reads the pair's channels over the window plus the lag range from
 the ring buffers (which hold that much), scans every lag with the cosine features, and runs the network on a few
 candidate lags; pairs not held dependent reach the network only when the scan's peak is beyond chance.
@@ -16,6 +19,7 @@ for the web view (``curve``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +75,8 @@ class LagTracker:
         max_pairs: int,
         alpha: float = 1e-3,
         min_effect: float = 0.0,
+        hop_s: float = float("inf"),
+        hop_budget: float = 1.0,
     ) -> None:
         self.est, self.null = est, null
         self.window_len, self.max_lag, self.period_ns = window_len, max_lag, period_ns
@@ -79,7 +85,9 @@ class LagTracker:
         self._reported: dict[tuple[str, str], tuple[float, float]] = {}  # (lag in samples, mi) of the last event
         self._pending: dict[tuple[str, str], tuple[float, int]] = {}  # a new lag and how many searches it held
         self.curves: dict[tuple[str, str], LagCurve] = {}
-        self.counts = {"pairs_searched": 0, "network_pairs": 0, "gapped": 0}
+        self.budget_s = hop_s * hop_budget  # of each hop, for every stage
+        self.s_per_pair = 0.0  # measured seconds per searched pair (0: not yet)
+        self.counts = {"pairs_searched": 0, "network_pairs": 0, "gapped": 0, "deferred": 0}
 
     @classmethod
     def for_engine(cls, cfg: EngineConfig, est: Estimator, null: NullTable, period_ns: int) -> LagTracker | None:
@@ -89,7 +97,8 @@ class LagTracker:
             return None
         return cls(est, null, window_len=cfg.window_len, max_lag=max_lag, period_ns=period_ns,
                    refresh_ns=round(cfg.lag_refresh_s * 1e9), max_pairs=cfg.lag_pairs_per_hop,
-                   min_effect=cfg.min_effect)  # fmt: skip
+                   min_effect=cfg.min_effect, hop_s=cfg.hop_samples / cfg.rate_hz,
+                   hop_budget=cfg.hop_budget)  # fmt: skip
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a channel in ``channels`` (retired)."""
@@ -115,7 +124,12 @@ class LagTracker:
         due = np.flatnonzero((last < 0) | (hop.end_tick - last >= self.refresh_ns))
         held = np.array([bool(detector.is_dependent(keys[k])) for k in due], dtype=bool)
         order = np.lexsort((last[due], ~held))  # held first, then oldest search first
-        return due[order][: self.max_pairs]
+        fit = self.max_pairs
+        if self.s_per_pair > 0:  # what is left of the hop's budget
+            left = self.budget_s - (time.perf_counter() - hop.began)
+            fit = max(1, min(fit, int(left / self.s_per_pair)))
+        self.counts["deferred"] += max(0, len(due) - fit)
+        return due[order][:fit]
 
     def step(
         self,
@@ -129,7 +143,22 @@ class LagTracker:
         pick = self._due(hop, names, pairs, detector)
         if not len(pick):
             return []
-        pp = pairs[pick]
+        t0 = time.perf_counter()
+        events = self._search(hop, names, pairs[pick], resampler, detector, state)
+        per_pair = (time.perf_counter() - t0) / len(pick)
+        self.s_per_pair = per_pair if self.s_per_pair == 0 else 0.7 * self.s_per_pair + 0.3 * per_pair
+        return events
+
+    def _search(
+        self,
+        hop: Hop,
+        names: list[str],
+        pp: np.ndarray,
+        resampler: Resampler,
+        detector: ChangeDetector,
+        state: MatrixState,
+    ) -> list[ChangeEvent]:
+        """Search the lags of pairs pp (P, 2), record them in the matrix state; the lag-shift events."""
         used = np.unique(pp)
         length = self.window_len + self.max_lag
         values, age = resampler.window_ages([hop.chans[c].buffer for c in used], hop.end_tick, length)
@@ -139,8 +168,8 @@ class LagTracker:
         iu, iv = row[pp[:, 0]], row[pp[:, 1]]
         ok = whole[iu] & whole[iv]
         keys = [(names[a], names[b]) for a, b in pp.tolist()]
-        for k in range(len(pick)):
-            self._searched[keys[k]] = hop.end_tick
+        for key in keys:
+            self._searched[key] = hop.end_tick
         self.counts["gapped"] += int((~ok).sum())
         if not ok.any():
             return []

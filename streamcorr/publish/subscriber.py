@@ -13,7 +13,10 @@ Besides ``mi``, a snapshot carries ``snap.dependent`` (the change detector's ver
 but False is not significant) and ``snap.n_eff`` (effective sample sizes); both are None from publishers that
 do not send them. An event's ``ev.initial`` marks a pair found dependent at its first assessment, ``ev.onset_t_ns``
 is when the change is estimated to have begun (None: no estimate) and ``ev.path`` which detector saw it
-(``"fast"``: the fast path, seconds after the change; ``"window"``: the window estimate).
+(``"fast"``: the fast path, seconds after the change; ``"window"``: the window estimate). From publishers with
+``lags.max_s`` set, ``snap.lag_s`` (seconds; ``lag_s[i, j] > 0``: channel j follows channel i) and ``snap.mi_lag``
+hold each pair's best lag and the MI there (NaN: none significant), and a ``lag-shift`` event has ``ev.lag_s`` and
+``ev.previous_lag_s``.
 
 Each snapshot says where it comes from in ``snap.origin``: ``"live"``, ``"retained"`` (the broker's or the
 cache's copy, made ``snap.wall_age_s`` ago) or ``"offline"`` (the publisher's newest status says "offline":
