@@ -71,10 +71,11 @@ async def _live(
     all_dependent: bool = False,
     screening: str = "auto",
     weights: str | None = None,
+    max_lag_s: float = 0.0,
 ) -> dict[str, object]:
     names = [f"ch{k:03d}" for k in range(n_ch)]
     cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000,
-                       screening=screening)  # fmt: skip
+                       screening=screening, max_lag_s=max_lag_s)  # fmt: skip
     eng = Engine(cfg, Estimator(**{**dict(cfg.estimator), "weights": weights}))
     rng = np.random.default_rng(0)
     data = _signals(n_ch, int(rate * (duration_s + 30)), rng, all_dependent)
@@ -114,7 +115,10 @@ async def _live(
         # the first window needs window/rate seconds of data before any hop can run
         "pairs_refreshed_per_s_after_first_window": c.pairs_evaluated / (duration_s - window / rate),
         "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
-        "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": rss_mb(),
+        "cpu_s": {"ingest (push)": ingest_s, **c.stage_s}, "rss_mb": rss_mb(), "max_lag_s": max_lag_s,
+        "lag_counts": None if eng.lags is None else dict(eng.lags.counts),
+        "lags_reported": None if eng.latest is None or eng.latest.lag_s is None
+        else int(np.isfinite(eng.latest.lag_s).sum() // 2),
     }  # fmt: skip
 
 
@@ -128,6 +132,7 @@ def live(args: argparse.Namespace) -> None:
             all_dependent=args.all_dependent,
             screening=args.screening,
             weights=args.weights,
+            max_lag_s=args.max_lag_s,
         )
     )
     total = sum(res["cpu_s"].values())  # type: ignore[union-attr]
@@ -143,12 +148,15 @@ def live(args: argparse.Namespace) -> None:
           f"{res['pairs_refreshed_per_s']:.0f}",
           f"- hops evaluated {res['hops']}, skipped because compute was behind {res['hops_skipped']}",
           f"- hop-to-publish latency p50 **{res['latency_p50_s'] * 1e3:.0f} ms**, p99 "
-          f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB", "",
+          f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB",
+          f"- lead and lag: max {res['max_lag_s']} s; search counts {res['lag_counts']}; pairs with a significant "
+          f"lag in the last snapshot {res['lags_reported']}", "",
           "| stage | CPU s | share |", "|---|---|---|"]  # fmt: skip
     md += [f"| {k} | {v:.1f} | {100 * v / total:.0f}% |" for k, v in res["cpu_s"].items()]  # type: ignore[union-attr]
     name = f"engine_live_{res['channels']}ch_{res['window_len']}" + ("_all_dependent" if args.all_dependent else "")
     name += "" if args.screening == "auto" else f"_screening_{args.screening}"
     name += f"_{args.weights}" if args.weights else ""
+    name += f"_lags{args.max_lag_s:g}s" if args.max_lag_s else ""
     write_results(name, {"env": environment(), **res}, "\n".join(md))
 
 
@@ -244,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     lv.add_argument("--all-dependent", action="store_true", help="every pair dependent: screening cannot help")
     lv.add_argument("--screening", choices=["auto", "on", "off"], default="auto", help="off: the baseline")
     lv.add_argument("--weights", default=None, help="a shipped model name (default: the engine's default)")
+    lv.add_argument("--max-lag-s", type=float, default=0.0, help="lead and lag search range (0: off)")
     lv.set_defaults(func=live)
     sc = sub.add_parser("scaling")
     sc.add_argument("--quick", action="store_true")

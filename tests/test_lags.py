@@ -248,3 +248,22 @@ def test_daemon_publishes_lags_to_a_plain_zmq_client(tmp_path):
     assert lag[ia, ib] == pytest.approx(0.18, abs=0.02) and lag[ib, ia] == -lag[ia, ib]
     assert mi_lag[ia, ib] > 0.3
     assert np.isnan(lag[ia, ic]) and np.isnan(lag[ib, ic])
+
+
+def test_estimate_command_prints_the_curve_and_the_best_lag(tmp_path, capsys):
+    """`streamcorr estimate data.csv x y --max-lag-s 0.3` prints MI against the lag of y and the best lag (rate from
+    the time column); without a rate it says which flag to give."""
+    from streamcorr.cli.commands import main
+
+    rng = np.random.default_rng(5150)
+    x = rng.standard_normal(1400)
+    y = np.abs(_delayed(x, -12.0)) + 0.2 * rng.standard_normal(1400)  # y leads x by 0.12 s
+    path = tmp_path / "d.csv"
+    np.savetxt(path, np.c_[np.arange(1400) / RATE, x, y], delimiter=",", header="time,x,y", comments="")
+    assert main(["estimate", str(path), "x", "y", "--max-lag-s", "0.3"]) == 0
+    out = capsys.readouterr().out
+    assert "best lag -0.1200 s" in out and "newest 1024 rows" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith(("+", "-0"))]) == 61
+    np.savetxt(path, np.c_[x, y], delimiter=",", header="x,y", comments="")
+    assert main(["estimate", str(path), "x", "y", "--max-lag-s", "0.3"]) != 0
+    assert "--rate-hz" in capsys.readouterr().err

@@ -100,6 +100,7 @@ def _estimate(args: argparse.Namespace) -> int:
 
 def _estimate_lag(args: argparse.Namespace, table: _Table, x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> int:
     """MI against lag: rows are samples on one clock (its rate from --rate-hz, else the time column)."""
+    from ..engine.changes import SHIPPED_WINDOWS
     from ..engine.lagscan import lag_scan
     from ..estimate.estimator import default_estimator
 
@@ -114,10 +115,12 @@ def _estimate_lag(args: argparse.Namespace, table: _Table, x: np.ndarray, y: np.
     k = max(1, math.ceil(args.max_lag_s * rate - 1e-9))
     if not keep.all():
         raise InputError(f"--max-lag-s needs every row to have both {args.x!r} and {args.y!r} (rows are the clock)")
-    if len(x) < MIN_ROWS + k:
-        raise InputError(f"{len(x)} rows: a lag search of +-{k} samples needs at least {MIN_ROWS + k}")
-    r = lag_scan(default_estimator(), np.stack([x, y]), [0], [1], max_lag=k)
-    print(f"lag_s\tscan_mi  ({args.y!r} against {args.x!r}; lag > 0: {args.y!r} follows)")
+    # the newest 2048, 1024, 512 or 256 rows beside the lag range: windows with a shipped null (others measure one)
+    n = max((w for w in SHIPPED_WINDOWS if w + k <= len(x)), default=0)
+    if n == 0:
+        raise InputError(f"{len(x)} rows: a lag search of +-{k} samples needs at least {min(SHIPPED_WINDOWS) + k}")
+    r = lag_scan(default_estimator(), np.stack([x, y]), [0], [1], max_lag=k, window_len=n)
+    print(f"lag_s\tscan_mi  ({args.y!r} against {args.x!r} over the newest {n} rows; lag > 0: {args.y!r} follows)")
     for lag, value in zip(np.arange(-k, k + 1) / rate, r.curve[0], strict=True):
         print(f"{lag:+.4f}\t{value:.4f}")
     for lag, value in zip(r.cand_lag[0] / rate, r.cand_mi[0], strict=True):
@@ -291,7 +294,7 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 def _check(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon.exposure import exposed_listeners
-    from ..engine.settings import EngineConfig, fast_path_cost
+    from ..engine.settings import EngineConfig, fast_path_cost, lag_cost
 
     cfg = load_config(args.config)
     ec = EngineConfig.from_config(cfg)
@@ -311,6 +314,7 @@ def _check(args: argparse.Namespace) -> int:
           f"hop {ec.hop_samples} samples; pairs: {cfg.pairs.mode}")  # fmt: skip
     n = len(ec.channels)
     print(f"  changes: {fast_path_cost(ec, n * (n - 1) // 2 if cfg.pairs.mode == 'all' and n > 1 else None)}")
+    print(f"  lags: {lag_cost(ec)}")
     if (rec := cfg.outputs.record) is not None:
         print(f"  record: {rec.directory} (writable), a new file every {rec.rotate_s:g} s, "
               f"at most {rec.max_bytes:,} bytes")  # fmt: skip

@@ -250,6 +250,7 @@ class ChangeDetector:
 # ties at 256 (first-start measurements, FIRST_START_PAIRS pairs), so most first starts measure nothing: each file
 # is a STREAMCORR_CACHE_DIR cache file.
 SHIPPED_NULL_DIR = Path(__file__).parents[1] / "data" / "null"
+SHIPPED_WINDOWS = (256, 512, 1024, 2048)
 FIRST_START_PAIRS = 3000  # independent pairs a first start at another window length measures
 _TABLES: dict[tuple[str, int], NullTable] = {}
 

@@ -183,6 +183,16 @@ def lag_samples(cfg: EngineConfig) -> int:
     return math.ceil(cfg.max_lag_s * cfg.rate_hz - 1e-9) if cfg.max_lag_s > 0 else 0
 
 
+def lag_cost(cfg: EngineConfig) -> str:
+    """What the lead/lag search adds to each hop, in words (``streamcorr check``)."""
+    k = lag_samples(cfg)
+    if k == 0:
+        return "off (lags.max_s: 0): no lag_s or mi_lag in snapshots"
+    return (f"+-{cfg.max_lag_s:g} s ({k} samples; buffers hold window + {k}); per hop up to {cfg.lag_pairs_per_hop} "
+            f"pairs whose search is {cfg.lag_refresh_s:g} s old, within what is left of the hop's budget: a scan of "
+            f"every lag, the network on 3 lags of each, and 16 shifted surrogates of each smooth pair")  # fmt: skip
+
+
 def pair_selection(p: Pairs) -> PairSelection:
     """The scheduler's pair selection for the ``pairs`` section (mode all, list or groups)."""
     if p.mode == "list":
