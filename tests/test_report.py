@@ -156,3 +156,48 @@ def test_short_and_long_replays_get_ticks_in_fitting_units(tmp_path, minutes):
     assert svg is not None
     labels = re.findall(r"<text class='tick'[^>]*>([^<]+)</text>", svg.group(0))
     assert 3 <= len(labels) <= 9 and all(s.endswith(" s" if minutes < 1 else " min") for s in labels), labels
+
+
+def test_replay_with_lags_plots_each_lagged_pair_and_lists_its_lag_shift(tmp_path):
+    """A 60-s recording at 100 Hz where drive.vel repeats drive.cmd 0.1 s later, then 0.3 s later from half way,
+    replayed with --max-lag-s 0.5: the report's lead-and-lag section plots the pair (its lag rising at the step,
+    the caption saying who follows whom), marks the lag shift and lists it in the events table; the same output
+    without the lag columns (an older replay) gets no such section."""
+    from streamcorr.cli.commands import main
+
+    rng = np.random.default_rng(55)
+    rate, n = 100.0, 6000
+    src, noise = np.zeros(n + 100), rng.standard_normal(n + 100)
+    for k in range(1, n + 100):  # a smooth AR(1) drive: its lag is sharp, its autocorrelation short
+        src[k] = 0.8 * src[k - 1] + noise[k]
+    x = rng.standard_normal((6, n))
+    delay = np.where(np.arange(n) < n // 2, 10, 30)  # samples: 0.1 s, then 0.3 s
+    x[0], x[1] = src[100:], src[100 + np.arange(n) - delay] + 0.5 * x[1]
+    names = ["drive.cmd", "drive.vel", "fan.rpm", "fan.current", "cabinet.temp", "spare"]
+    log = tmp_path / "lagged.csv"
+    log.write_text("t," + ",".join(names) + "\n" + "".join(
+        f"{k / rate!r}," + ",".join(repr(float(v)) for v in x[:, k]) + "\n" for k in range(n)))  # fmt: skip
+    out, html_path = tmp_path / "out", tmp_path / "r.html"
+    assert main(["replay", str(log), "--max-lag-s", "0.5", "--window", "512", "--no-progress", "-o", str(out)]) == 0
+    assert main(["report", str(out), "-o", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "<h2>Lead and lag</h2>" in page
+    figures = re.findall(r"<figure class='lag'>.*?</figure>", page)
+    caption = re.search(r"<figcaption[^>]*>([^<]+) <span class='note'>([^<]+)</span>", figures[0] if figures else "")
+    assert caption is not None and caption.group(1) == "drive.cmd ~ drive.vel"  # the strongest lagged pair first
+    assert re.match(r"now drive\.vel follows drive\.cmd by (29\d|30\d|310) ms; MI at the lag", caption.group(2))
+    points = [tuple(map(float, p.split(","))) for s in re.findall(r"points='([^']+)'", figures[0]) for p in s.split()]
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    assert xs == sorted(xs) and ys[-1] < ys[0] - 10  # later, higher up: drive.vel follows by more
+    shift = re.search(r"<circle class='shift'[^>]*><title>([^<]+)</title>", figures[0])
+    assert shift is not None
+    m = re.search(r"lag-shift \+(\d+) -&gt; \+(\d+) ms \(drive\.vel follows drive\.cmd by (\d+) ms\)", shift.group(1))
+    assert m is not None and abs(int(m.group(1)) - 100) <= 10 and abs(int(m.group(2)) - 300) <= 10, shift.group(1)
+    listed = r"<td>drive\.cmd ~ drive\.vel</td><td [^>]*>lag-shift <span class='lag'>\+\d+ -&gt; \+\d+ ms \(drive\.vel"
+    assert re.search(listed, page)
+
+    timeline = pq.read_table(out / "timeline.parquet")
+    pq.write_table(timeline.drop_columns(["lag_s", "mi_lag"]), out / "timeline.parquet")  # as an older replay wrote
+    assert main(["report", str(out), "-o", str(html_path)]) == 0
+    page = html_path.read_text()
+    assert "Lead and lag" not in page and "<figure class='lag'>" not in page and re.search(listed, page)

@@ -20,6 +20,7 @@ from aiohttp import web
 from scipy.stats import norm
 
 from streamcorr.engine.changes import ChangeEvent
+from streamcorr.engine.core import Engine, EngineConfig
 from streamcorr.engine.matrix import Snapshot
 from streamcorr.errors import ConfigError, InputError
 from streamcorr.publish.sinks import Sink
@@ -157,6 +158,107 @@ def test_api_pair_returns_history_and_table() -> None:
     _run(main)
 
 
+LAG_CHANNELS = ["drive.cmd", "drive.vel", "aux"]
+LAG_S = 0.2  # drive.vel follows drive.cmd by this much
+
+
+@pytest.fixture(scope="module")
+def lagged_engine() -> Engine:
+    """A real engine with lags on (±0.5 s at 100 Hz, window 256), fed 8 s where drive.vel repeats drive.cmd (a
+    smooth AR(1) signal) 0.2 s later, plus noise, and aux is independent: its lag tracker holds every pair's curve."""
+    rng = np.random.default_rng(70)
+    rate, n, delay = 100.0, 800, round(LAG_S * 100)
+    eng = Engine(EngineConfig(channels=LAG_CHANNELS, rate_hz=rate, window_len=256, hop_samples=100, max_lag_s=0.5,
+                              skip_stale_hops=False, queue_size=1000))  # fmt: skip
+    src, noise = np.zeros(n + 50), rng.standard_normal(n + 50)
+    for k in range(1, n + 50):
+        src[k] = 0.8 * src[k - 1] + noise[k]
+    t = np.arange(n) / rate
+
+    async def feed() -> None:
+        await eng.start()
+        eng.push("drive.cmd", t, src[50:])
+        eng.push("drive.vel", t, src[50 - delay : n + 50 - delay] + 0.5 * rng.standard_normal(n))
+        eng.push("aux", t, rng.standard_normal(n))
+        await eng.flush()
+        await eng.stop()
+
+    asyncio.run(feed())
+    assert eng.latest is not None and eng.lags is not None
+    return eng
+
+
+def _lag_fn(eng: Engine) -> Callable[[str, str], dict[str, Any] | None]:
+    """The lag_fn the daemon and the demo give the view: the tracker's newest curve of the pair, as a dict."""
+
+    def lag_fn(a: str, b: str) -> dict[str, Any] | None:
+        curve = None if eng.lags is None else eng.lags.curve(a, b)
+        return None if curve is None else curve.as_dict()
+
+    return lag_fn
+
+
+def test_api_pair_and_messages_carry_lead_and_lag(lagged_engine: Engine) -> None:
+    """/api/pair's "lag" is lag_fn's curve in the order asked (drive.vel follows drive.cmd: +0.2 s, and -0.2 s
+    asked the other way round; aux: searched, no significant lag), null without a lag_fn or lag_fn's error; the
+    snapshot message carries lag_s (antisymmetric, null for NaN) and mi_lag, null when the snapshot lacks them;
+    a lag-shift event carries its lags, other events none."""
+    snap = lagged_engine.latest
+    assert snap is not None and snap.lag_s is not None
+
+    def broken(a: str, b: str) -> dict[str, Any]:
+        return {"lag_s": float("nan")}
+
+    async def main() -> None:
+        async with (
+            WebView(port=0, lag_fn=_lag_fn(lagged_engine)) as view,
+            WebView(port=0) as plain,
+            WebView(port=0, lag_fn=broken) as bad,
+            aiohttp.ClientSession() as http,
+            http.ws_connect(view.url + "/ws") as ws,
+        ):
+            await asyncio.sleep(0.05)  # let the server register the client
+            for v in (view, plain, bad):
+                await v.publish_snapshot(snap)
+            msg = await _receive_json(ws, "snapshot")
+            assert msg["lag_s"][0][1] == pytest.approx(LAG_S, abs=0.02) and msg["lag_s"][1][0] == -msg["lag_s"][0][1]
+            assert msg["lag_s"][0][0] is None and msg["lag_s"][0][2] is None  # no significant lag with aux
+            assert msg["mi_lag"][0][1] == msg["mi_lag"][1][0] > 0.5
+            bodies = {}
+            for a, b in (("drive.cmd", "drive.vel"), ("drive.vel", "drive.cmd"), ("drive.cmd", "aux")):
+                async with http.get(view.url + "/api/pair", params={"a": a, "b": b}) as r:
+                    assert r.status == 200
+                    bodies[a, b] = (await r.json())["lag"]
+            ahead, behind = bodies["drive.cmd", "drive.vel"], bodies["drive.vel", "drive.cmd"]
+            assert ahead["lag_s"] == pytest.approx(LAG_S, abs=0.02) and behind["lag_s"] == -ahead["lag_s"]
+            assert ahead["mi_lag"] > ahead["threshold"] and 0 < ahead["t_ns"] <= snap.t_ns  # searched every 2 s
+            lags = np.array(ahead["lags_s"])
+            assert lags[0] == -0.5 and lags[-1] == 0.5 and len(lags) == len(ahead["scan_mi"]) == 101
+            assert np.all(np.diff(lags) > 0) and np.all(np.diff(behind["lags_s"]) > 0)
+            k = int(np.argmax([v or 0.0 for v in ahead["scan_mi"]]))  # the scan peaks at the lag
+            assert lags[k] == pytest.approx(LAG_S, abs=0.015)
+            assert len(ahead["points_s"]) == len(ahead["points_mi"]) >= 1
+            assert max(ahead["points_mi"]) == pytest.approx(ahead["mi_lag"], abs=1e-4)
+            assert bodies["drive.cmd", "aux"]["lag_s"] is None and bodies["drive.cmd", "aux"]["threshold"] > 0
+            for v in (plain, bad):
+                async with http.get(v.url + "/api/pair", params={"a": "drive.cmd", "b": "drive.vel"}) as r:
+                    body = await r.json()
+                    assert r.status == 200 and body["lag"] is None
+            assert "lag_error" not in (await (await http.get(plain.url + "/api/pair?a=aux&b=drive.cmd")).json())
+            assert "lag_fn failed" in body["lag_error"]
+            await view.publish_snapshot(_snapshot(2, LAG_CHANNELS, snap.mi))  # lags off
+            off = await _receive_json(ws, "snapshot")
+            assert off["lag_s"] is None and off["mi_lag"] is None
+            shift = ChangeEvent(("drive.cmd", "drive.vel"), 1.1, 1.2, 9, "lag-shift", lag_s=0.3, previous_lag_s=0.1)
+            await view.publish_event(shift)
+            ev = await _receive_json(ws, "event")
+            assert ev["change"] == "lag-shift" and ev["lag_s"] == 0.3 and ev["previous_lag_s"] == 0.1
+            await view.publish_event(ChangeEvent(("drive.cmd", "aux"), 0.0, 0.5, 10, "rise"))
+            assert "lag_s" not in await _receive_json(ws, "event")
+
+    _run(main)
+
+
 def test_api_pair_reports_bad_requests_and_table_failures() -> None:
     """Missing or unknown names get 400/404; a failing or misshapen table_fn gives a table_error, never a 500."""
     rng = np.random.default_rng(3)
@@ -261,7 +363,14 @@ def test_bad_status_and_config_are_refused_and_counted() -> None:
     _run(lambda: view.publish_status("online", {"kind": "event", "hops": 3}))
     msg = {"kind": "status", "state": "online", "counters": {"kind": "event", "hops": 3}}
     assert json.loads(view._latest_status_text or "{}") == msg
-    for kw in ({"port": -1}, {"history_len": 0}, {"max_clients": 0}, {"table_fn": 3}, {"status_line": 3}):
+    for kw in (
+        {"port": -1},
+        {"history_len": 0},
+        {"max_clients": 0},
+        {"table_fn": 3},
+        {"lag_fn": 3},
+        {"status_line": 3},
+    ):
         with pytest.raises(ConfigError):
             WebView(**kw)  # type: ignore[arg-type]
 
@@ -648,3 +757,45 @@ def test_page_renders_64_channels_quickly(chromium: Any) -> None:
         assert int(page.get_attribute("#heatmap", "data-cell") or 0) >= 6  # every cell is still visible
         # 250 ms: a quarter of the snapshot period, loose for a shared 2-core machine (typically ~10 ms)
         assert max(render_ms) < 250, render_ms
+
+
+def test_hovering_a_lagged_pair_shows_its_lag_curve_and_leader_in_chromium(
+    chromium: Any, lagged_engine: Engine
+) -> None:
+    """With lags on, hovering a pair shows its MI-against-lag curve (the scan, the network's dots, the reported
+    lag) and says which channel leads, the same whichever of its two cells is hovered; the detail line gives the
+    signed lag, a pair without a significant lag says so, and a lag-shift event reads as the lag's move."""
+    snap = lagged_engine.latest
+    assert snap is not None
+    cmd, vel, aux = (LAG_CHANNELS.index(c) for c in ("drive.cmd", "drive.vel", "aux"))
+    ink_js = """() => {  // pixels of the curve's canvas that are not the panel's background
+        const c = document.getElementById('lag'), d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0;
+        for (let k = 0; k < d.length; k += 4) n += d[k + 3] > 0 ? 1 : 0;
+        return n;
+    }"""
+    with _page_on(chromium, WebView(port=0, lag_fn=_lag_fn(lagged_engine))) as (served, page):
+        view = served.view
+        served.call(view.publish_snapshot, snap)
+        page.goto(view.url + "/")
+        page.wait_for_selector(f"#heatmap[data-seq='{snap.seq}']", timeout=5000)
+        assert not page.is_visible("#lag-box")  # nothing hovered yet
+        for i, j, sign in ((cmd, vel, 1), (vel, cmd, -1)):
+            _hover_cell(page, i, j)
+            pair = f"{LAG_CHANNELS[i]}|{LAG_CHANNELS[j]}"
+            page.wait_for_selector(f"#lag[data-pair='{pair}'][data-points='3']", timeout=5000)
+            assert page.is_visible("#lag-box") and page.evaluate(ink_js) > 500
+            lag_s = float(page.get_attribute("#lag", "data-lag-s") or "nan")
+            assert sign * lag_s == pytest.approx(LAG_S, abs=0.02)
+            note = page.inner_text("#lag-note")
+            m = re.search(r"drive\.vel follows drive\.cmd by (\d+) ms", note)
+            assert m is not None and abs(int(m.group(1)) - 1000 * LAG_S) <= 20, note
+            assert f"lag {'+' if sign > 0 else '−'}{m.group(1)} ms" in page.inner_text("#detail-meta")
+        _hover_cell(page, cmd, aux)
+        page.wait_for_selector("#lag[data-pair='drive.cmd|aux'][data-lag-s='']", timeout=5000)
+        assert "no significant lag" in page.inner_text("#lag-note")
+        ev = ChangeEvent(("drive.cmd", "drive.vel"), 1.1, 1.2, 9, "lag-shift", lag_s=0.3, previous_lag_s=0.1)
+        served.call(view.publish_event, ev)
+        page.wait_for_selector("#events li[data-change='lag-shift']", timeout=5000)
+        item = page.inner_text("#events li[data-change='lag-shift']")
+        assert "lag 0.10 s → 0.30 s (drive.vel follows drive.cmd by 300 ms)" in item, item

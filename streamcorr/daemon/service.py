@@ -91,10 +91,8 @@ class Daemon:
         self.http_guard: HttpGuard | None = None
         self.registry = CollectorRegistry()
         self.registry.register(DaemonMetrics(self))
-        self.hop_seconds = Histogram(
-            "streamcorr_hop_seconds", "Compute time of one hop (align, ranks, model, publish)",
-            buckets=_LATENCY_BUCKETS_S, registry=self.registry,
-        )  # fmt: skip
+        self.hop_seconds = Histogram("streamcorr_hop_seconds", "Compute time of one hop (align, ranks, model, publish)",
+                                     buckets=_LATENCY_BUCKETS_S, registry=self.registry)  # fmt: skip
         self.publish_lag_s = 0.0
         Gauge(
             "streamcorr_publish_lag_seconds", "Wall time from a snapshot to every sink having it",
@@ -123,7 +121,8 @@ class Daemon:
         if cfg.http.web:
             from ..publish.web import WebView
 
-            self.web = WebView(table_fn=self._pair_table, max_queue_bytes=cfg.http.web_max_queue_bytes)
+            self.web = WebView(table_fn=self._pair_table, lag_fn=self._pair_lag,
+                               max_queue_bytes=cfg.http.web_max_queue_bytes)  # fmt: skip
             self.outputs.append(SinkGuard("web", self.web))
 
     @property
@@ -159,6 +158,10 @@ class Daemon:
 
     def _pair_table(self, a: str, b: str) -> Any:
         return self.engine.pair_table(a, b)
+
+    def _pair_lag(self, a: str, b: str) -> Any:  # /api/pair's lag curve; None: lags off, or not searched yet
+        curve = None if self._engine is None or self._engine.lags is None else self._engine.lags.curve(a, b)
+        return None if curve is None else curve.as_dict()
 
     # -- state for metrics, status and health (streamcorr.daemon.observe) ----------------------------------
     def status(self) -> dict[str, float]:
@@ -252,11 +255,8 @@ class Daemon:
         except OSError as exc:
             await self._runner.cleanup()
             self._runner = None
-            why = (
-                "the port is in use (another streamcorr?)"
-                if exc.errno == errno.EADDRINUSE
-                else exc.strerror or str(exc)
-            )
+            in_use = exc.errno == errno.EADDRINUSE
+            why = "the port is in use (another streamcorr?)" if in_use else exc.strerror or str(exc)
             msg = f"http.port: cannot listen on {h.host}:{h.port}: {why}; pick another port (0: any free one)"
             raise ConfigError(msg) from None
         host = f"[{h.host}]" if ":" in h.host else h.host

@@ -344,7 +344,11 @@ async def run_live_demo(
     if web_port is not None:
         from ..publish.web import WebView
 
-        web = WebView(host=web_host, port=web_port, table_fn=engine.pair_table, status_line=dict)
+        def lag_fn(a: str, b: str) -> dict[str, object] | None:  # the pair's lag curve; None: lags off, not searched
+            curve = None if engine.lags is None else engine.lags.curve(a, b)
+            return None if curve is None else curve.as_dict()
+
+        web = WebView(host=web_host, port=web_port, table_fn=engine.pair_table, lag_fn=lag_fn, status_line=dict)
         await web.start()
         view.console.print(f"live web view: {web.url}", style="bold", highlight=False)
         outputs.append(web)

@@ -10,6 +10,8 @@ the log is HTML-escaped. It shows
 * MI over time for the ``top`` strongest pairs (by their largest MI) and for every pair with events, with the
   events marked on each line (hollow: ``initial``, dependent from the pair's first assessment) and a band
   under the line where the pair was dependent; each caption gives its share of hops dependent and last n_eff,
+* each pair's best lag over time, where the replay searched lags (``--max-lag-s``; none: no section): the ``top``
+  pairs by MI at their lag and every pair with a ``lag-shift`` event, the shifts marked,
 * every event on one timeline and in a table (time, pair, change, previous -> current, initial marked),
 * the model's lookup table of the pairs replay kept (``tables.json``: pairs with events, then the strongest).
 
@@ -36,14 +38,10 @@ from .report_input import load_output
 __all__ = ["time_ticks", "write_report"]
 
 # magma, reversed: light is independent, dark is strong
-_STOPS = [
-    (0.0, (252, 253, 191)),
-    (0.25, (252, 137, 97)),
-    (0.5, (183, 55, 121)),
-    (0.75, (81, 18, 124)),
-    (1.0, (0, 0, 4)),
-]
-_KIND_COLOR = {"became-dependent": "#c0392b", "became-independent": "#2471a3", "rise": "#e67e22", "fall": "#17a589"}
+_STOPS = [(0.0, (252, 253, 191)), (0.25, (252, 137, 97)), (0.5, (183, 55, 121)), (0.75, (81, 18, 124)),
+          (1.0, (0, 0, 4))]  # fmt: skip
+_KIND_COLOR = {"became-dependent": "#c0392b", "became-independent": "#2471a3", "rise": "#e67e22", "fall": "#17a589",
+               "lag-shift": "#8e44ad"}  # fmt: skip
 _PAIR_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 MAX_MATRIX_CHANNELS = 48  # larger matrices show the channels of the drawn pairs only
 _HATCH = "repeating-linear-gradient(135deg, {c} 0 3px, #ffffff 3px 5px)"  # a not-significant cell
@@ -87,7 +85,8 @@ def _page(
     t0 = float(info.get("t_start", hops[0] / 1e9))
     peak = np.full(len(pairs), -np.inf)
     np.maximum.at(peak, pair_of, np.nan_to_num(mi, nan=-np.inf))
-    event_pairs = list(dict.fromkeys(f"{e['a']}\x1f{e['b']}" for e in events))
+    mi_events = [e for e in events if e["change"] != "lag-shift"]  # a lag shift is drawn on the pair's lag plot
+    event_pairs = list(dict.fromkeys(f"{e['a']}\x1f{e['b']}" for e in mi_events))
     strongest = [pairs[k] for k in np.argsort(-peak, kind="stable")[:top]]
     drawn = list(dict.fromkeys(strongest + event_pairs))
     channels = [str(c) for c in info.get("channels", [])] or sorted({c for p in pairs for c in p.split("\x1f")})
@@ -105,16 +104,27 @@ def _page(
     parts.append("</div>" + _legend(vmax, judged))
     parts.append(f"<h2>MI over time</h2><p class='note'>The {len(strongest)} strongest pairs (largest MI in the "
                  f"replay) and every pair with events ({len(event_pairs)}); event markers: "
-                 + " ".join(f"<span style='color:{c}'>&#9679; {k}</span>" for k, c in _KIND_COLOR.items())
+                 + " ".join(f"<span style='color:{c}'>&#9679; {k}</span>" for k, c in list(_KIND_COLOR.items())[:4])
                  + "; hollow: initial (dependent from the pair's first assessment, not an onset)"
                  + ("; the band under a line: hops where the pair was dependent" if judged else "")
                  + "</p>")  # fmt: skip
     order = np.argsort(t_ns, kind="stable")
     for n, p in enumerate(drawn):
         rows = order[pair_of[order] == index.get(p, -1)]
-        pe = [e for e in events if f"{e['a']}\x1f{e['b']}" == p]
+        pe = [e for e in mi_events if f"{e['a']}\x1f{e['b']}" == p]
         color = _PAIR_COLORS[n % len(_PAIR_COLORS)]
         parts.append(_line_svg(p, t_ns[rows], mi[rows], dep[rows], n_eff[rows], pe, hops, t0, color))
+    if np.isfinite(lag_s := cols["lag_s"]).any():  # lead and lag: the top pairs by MI at their lag, and shifted ones
+        best = np.full(len(pairs), -np.inf)
+        np.maximum.at(best, pair_of, np.where(np.isfinite(lag_s), np.nan_to_num(cols["mi_lag"], nan=0.0), -np.inf))
+        shifts = [e for e in events if e["change"] == "lag-shift" and e.get("lag_s") is not None]
+        lagged = [pairs[k] for k in np.argsort(-best, kind="stable")[:top] if np.isfinite(best[k])]
+        lim = max(float(np.nanmax(np.abs(lag_s))), 0.01)  # one scale for every pair's plot
+        parts.append("<h2>Lead and lag</h2><p class='note'>Each pair's best lag over time (> 0: its second channel "
+                     "follows the first; gaps: no significant lag; dots: lag shifts, hover them)</p>")  # fmt: skip
+        for n, p in enumerate(dict.fromkeys(lagged + [f"{e['a']}\x1f{e['b']}" for e in shifts])):
+            rows, pe = order[pair_of[order] == index[p]], [e for e in shifts if f"{e['a']}\x1f{e['b']}" == p]
+            parts.append(_lag_svg(p, t_ns[rows], lag_s[rows], cols["mi_lag"][rows], pe, hops, t0, lim, n))
     parts.append(f"<h2>Events ({len(events)})</h2>")
     parts.append(_event_strip(events, hops, t0))
     parts.append(_event_table(events, t0))
@@ -152,15 +162,12 @@ def _header(info: dict[str, Any], d: Path, n_hops: int, n_events: int, n_pairs: 
     clock = f"{info.get('rate_hz', '?')} Hz; window {info.get('window_len', '?')} samples"
     hop = f"hop {info.get('hop_samples', '?')} ({info.get('hop_s', '?')} s)"
     speed = f"{info.get('x_real_time', '?')}x real time ({info.get('wall_s', '?')} s)"
-    rows = [
-        ("log", f"{info.get('log', '?')} ({info.get('log_kind', '?')})"),
-        ("channels", str(len(info.get("channels", [])))),
-        ("clock", f"{clock}, {hop}"),
-        ("stream", f"{span:.1f} s from t = {float(info.get('t_start', 0)):.3f}"),
-        ("evaluated", f"{n_hops} hops, {n_pairs} pairs, {n_events} events"),
-        ("replay", speed + ("; stopped early (Ctrl-C)" if info.get("interrupted") else "")),
-        ("output", str(d)),
-    ]
+    rows = [("log", f"{info.get('log', '?')} ({info.get('log_kind', '?')})"),
+            ("channels", str(len(info.get("channels", [])))), ("clock", f"{clock}, {hop}"),
+            ("stream", f"{span:.1f} s from t = {float(info.get('t_start', 0)):.3f}"),
+            ("evaluated", f"{n_hops} hops, {n_pairs} pairs, {n_events} events"),
+            ("replay", speed + ("; stopped early (Ctrl-C)" if info.get("interrupted") else "")),
+            ("output", str(d))]  # fmt: skip
     cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     return f"<h1>streamcorr replay report</h1><table class='info'>{cells}</table>"
 
@@ -260,34 +267,21 @@ def _line_svg(
     def y(v: float) -> float:
         return 6 + (1 - v / top) * (_H - _PAD_B - 6)
 
-    segs, cur = [], []
-    for tt, v in zip(t, mi, strict=True):
-        if np.isfinite(v):
-            cur.append(f"{_x(float(tt), hops):.1f},{y(float(v)):.1f}")
-        elif cur:
-            segs.append(cur)
-            cur = []
-    if cur:
-        segs.append(cur)
-    lines = "".join(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{' '.join(s)}'/>"
-                    for s in segs)  # fmt: skip
+    lines = _polylines(t, mi, hops, y, color)
     marks = "".join(
         f"<circle cx='{_x(e['t_ns'], hops):.1f}' cy='{y(e['current']):.1f}' r='4' "
         + (f"fill='#fff' stroke='{c}' stroke-width='2' class='initial'" if e.get("initial") else f"fill='{c}'")
         + f"><title>{_esc(_event_text(e, t0))}</title></circle>"
-        for e in events
-        for c in [_KIND_COLOR.get(e["change"], "#000")]
-    )
+        for e in events for c in [_KIND_COLOR.get(e["change"], "#000")]
+    )  # fmt: skip
     onsets = "".join(  # a dashed line from the estimated onset to the event: how late it was seen
         f"<line class='onset' x1='{_x(e['onset_t_ns'], hops):.1f}' x2='{_x(e['t_ns'], hops):.1f}' "
         f"y1='{y(e['current']):.1f}' y2='{y(e['current']):.1f}' stroke='{c}' stroke-dasharray='3 2'>"
         f"<title>{_esc('onset of ' + _event_text(e, t0))}</title></line>"
         f"<line class='onset' x1='{_x(e['onset_t_ns'], hops):.1f}' x2='{_x(e['onset_t_ns'], hops):.1f}' "
         f"y1='{y(e['current']) - 5:.1f}' y2='{y(e['current']) + 5:.1f}' stroke='{c}' stroke-width='2'/>"
-        for e in events
-        if e.get("onset_t_ns") is not None
-        for c in [_KIND_COLOR.get(e["change"], "#000")]
-    )
+        for e in events if e.get("onset_t_ns") is not None for c in [_KIND_COLOR.get(e["change"], "#000")]
+    )  # fmt: skip
     band = _dependent_band(t, dep, hops, color)
     axis = (_time_axis(hops, t0, _H - _PAD_B, _H - 4)
             + f"<text x='{_PAD_L - 4}' y='{y(0) + 4:.0f}' text-anchor='end'>0</text>"
@@ -303,6 +297,43 @@ def _line_svg(
             f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events{sig}</span>"
             f"</figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label='{name}'>"
             f"{axis}{band}{lines}{onsets}{marks}</svg></figure>")  # fmt: skip
+
+
+def _polylines(t: np.ndarray, v: np.ndarray, hops: np.ndarray, y: Any, color: str) -> str:
+    """The series (t ns, v) as SVG polylines, broken where v is not finite."""
+    segs: list[list[str]] = [[]]
+    for tt, vv in zip(t, v, strict=True):
+        if np.isfinite(vv):
+            segs[-1].append(f"{_x(float(tt), hops):.1f},{y(float(vv)):.1f}")
+        elif segs[-1]:
+            segs.append([])
+    return "".join(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{' '.join(s)}'/>"
+                   for s in segs if s)  # fmt: skip
+
+
+def _lag_svg(pair: str, t: np.ndarray, lag: np.ndarray, mi: np.ndarray, shifts: list[dict[str, Any]],
+             hops: np.ndarray, t0: float, lim: float, n: int) -> str:  # fmt: skip
+    (a, b), color, ok, c = pair.split("\x1f"), _PAIR_COLORS[n % 8], np.isfinite(lag), _KIND_COLOR["lag-shift"]
+
+    def y(v: float) -> float:  # lag +1.15 lim at the top, -1.15 lim at the bottom
+        return 6 + (1.15 * lim - v) / (2.3 * lim) * (_H - _PAD_B - 12)
+
+    marks = "".join(f"<circle class='shift' cx='{_x(e['t_ns'], hops):.1f}' cy='{y(e['lag_s']):.1f}' r='4' fill='{c}'>"
+                    f"<title>{_esc(_event_text(e, t0))}</title></circle>" for e in shifts)  # fmt: skip
+    axis = _time_axis(hops, t0, _H - _PAD_B, _H - 4) + "".join(  # the zero line and the scale's ends, ms
+        f"<line x1='{_PAD_L}' y1='{y(v):.1f}' x2='{_W - 10}' y2='{y(v):.1f}' stroke='#ddd'/><text x='2' "
+        f"y='{y(v) + 4:.0f}'>{f'{v * 1e3:+.0f} ms' if v else '0'}</text>" for v in (lim, 0, -lim))  # fmt: skip
+    now = f"now {_lead(a, b, float(lag[ok][-1]))}" if ok[-1] else "no significant lag at the end"
+    note = _esc(f"{now}; MI at the lag up to {np.nanmax(mi):.3f} nats; lag shifts: {len(shifts)}")
+    return (f"<figure class='lag'><figcaption style='color:{color}'>{_esc(f'{a} ~ {b}')} <span class='note'>{note}"
+            f"</span></figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label="
+            f"'lag {_esc(f'{a} ~ {b}')}'>{axis}{_polylines(t, lag, hops, y, color)}{marks}</svg></figure>")  # fmt: skip
+
+
+def _lead(a: str, b: str, lag_s: float) -> str:
+    """Who follows whom: lag_s > 0 when b, the pair's second channel, follows a."""
+    first, second, ms = (a, b, lag_s * 1e3) if lag_s > 0 else (b, a, -lag_s * 1e3)
+    return f"{a} and {b} in step" if round(ms) == 0 else f"{second} follows {first} by {ms:.0f} ms"
 
 
 def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str) -> str:
@@ -322,6 +353,8 @@ def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str
 
 
 def _event_text(e: dict[str, Any], t0: float) -> str:
+    if e["change"] == "lag-shift" and e.get("lag_s") is not None:
+        return f"{e['time'] - t0:.1f} s: lag-shift {_lag_move(e)}, MI {e['previous']:.3f} -> {e['current']:.3f}"
     initial = " (initial)" if e.get("initial") else ""
     fast = " (fast path)" if e.get("path") == "fast" else ""
     onset = "" if e.get("onset_t_ns") is None else f", began about {e['onset_t_ns'] / 1e9 - t0:.1f} s"
@@ -330,12 +363,10 @@ def _event_text(e: dict[str, Any], t0: float) -> str:
 
 def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> str:
     h = 40
-    ticks = "".join(
-        f"<line x1='{_x(e['t_ns'], hops):.1f}' y1='6' x2='{_x(e['t_ns'], hops):.1f}' y2='{h - 14}' "
-        f"stroke='{_KIND_COLOR.get(e['change'], '#000')}' stroke-width='2'><title>"
-        f"{_esc(e['a'] + ' ~ ' + e['b'] + ': ' + _event_text(e, t0))}</title></line>"
-        for e in events
-    )  # fmt: skip
+    ticks = "".join(f"<line x1='{x:.1f}' y1='6' x2='{x:.1f}' y2='{h - 14}' "
+                    f"stroke='{_KIND_COLOR.get(e['change'], '#000')}' stroke-width='2'><title>"
+                    f"{_esc(e['a'] + ' ~ ' + e['b'] + ': ' + _event_text(e, t0))}</title></line>"
+                    for e in events for x in [_x(e["t_ns"], hops)])  # fmt: skip
     axis = _time_axis(hops, t0, h - 14, h - 2)
     return f"<svg id='event-strip' viewBox='0 0 {_W} {h}' width='{_W}' height='{h}'>{axis}{ticks}</svg>"
 
@@ -348,14 +379,19 @@ def _event_table(events: list[dict[str, Any]], t0: float) -> str:
         f"<tr><td>{e['time'] - t0:.1f}</td><td>{_esc(e['a'])} ~ {_esc(e['b'])}</td>"
         f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}"
         + (initial if e.get("initial") else "")
-        + "</td>"
-        f"<td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td>"
+        + (f" <span class='lag'>{_esc(_lag_move(e))}</span>" if e["change"] == "lag-shift" and e.get("lag_s") else "")
+        + f"</td><td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td>"
         f"<td>{'' if e.get('onset_t_ns') is None else format(e['onset_t_ns'] / 1e9 - t0, '.1f')}</td>"
-        f"<td>{_esc(e.get('path') or 'window')}</td></tr>"
-        for e in events
-    )
+        f"<td>{_esc(e.get('path') or 'window')}</td></tr>" for e in events
+    )  # fmt: skip
     return ("<table class='events'><tr><th>t (s)</th><th>pair</th><th>change</th><th>MI (nats)</th>"
             f"<th>onset (s)</th><th>seen by</th></tr>{rows}</table>")  # fmt: skip
+
+
+def _lag_move(e: dict[str, Any]) -> str:
+    """A lag shift in words: "+100 -> +300 ms (b follows a by 300 ms)"."""
+    before = "?" if e.get("previous_lag_s") is None else f"{e['previous_lag_s'] * 1e3:+.0f}"
+    return f"{before} -> {e['lag_s'] * 1e3:+.0f} ms ({_lead(e['a'], e['b'], e['lag_s'])})"
 
 
 def _png_data_uri(rgb: np.ndarray) -> str:
@@ -392,20 +428,16 @@ def _table_hover(theta: np.ndarray, a: str, b: str) -> str:
     g = theta.shape[0]
     ranks = np.linspace(0.0, 1.0, g)  # the table's nodes
     sa, sb = _esc(a if len(a) <= 24 else a[:23] + "\u2026"), _esc(b if len(b) <= 24 else b[:23] + "\u2026")
-    cells = "".join(
-        f"<rect x='{c}' y='{r}' width='1' height='1'><title>{sa} rank {ranks[g - 1 - r]:.2f}, {sb} rank "
-        f"{ranks[c]:.2f}: &theta; {theta[r, c]:+.3f}</title></rect>"
-        for r in range(g)
-        for c in range(g)
-    )
+    cells = "".join(f"<rect x='{c}' y='{r}' width='1' height='1'><title>{sa} rank {ranks[g - 1 - r]:.2f}, {sb} rank "
+                    f"{ranks[c]:.2f}: &theta; {theta[r, c]:+.3f}</title></rect>"
+                    for r in range(g) for c in range(g))  # fmt: skip
     return f"<svg class='hover' viewBox='0 0 {g} {g}' width='180' height='180' preserveAspectRatio='none'>{cells}</svg>"
 
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
-<title>{{title}}</title>
-<style>
+<title>{{title}}</title><style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1200px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 .note { color: #666; font-size: 12px; } .row { display: flex; flex-wrap: wrap; gap: 18px; }
@@ -414,19 +446,15 @@ table.mat { border-collapse: collapse; } table.mat td { width: 14px; height: 14p
 table.mat th.h { font-size: 10px; text-align: right; padding-right: 4px; font-weight: normal; white-space: nowrap; }
 table.mat th.v { height: 90px; vertical-align: bottom; font-size: 10px; font-weight: normal; }
 table.mat th.v div { writing-mode: vertical-rl; transform: rotate(180deg); white-space: nowrap; }
-figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
 .legend span { display: inline-block; width: 18px; height: 10px; } .legend { font-size: 12px; margin-top: 6px; }
-.initial { color: #666; font-size: 12px; }
-svg text { font-size: 11px; fill: #555; } figure.line { margin-bottom: 10px; }
+.initial { color: #666; font-size: 12px; } figure { margin: 0; } figcaption { font-weight: 600; margin-bottom: 4px; }
+svg text { font-size: 11px; fill: #555; } figure.line, figure.lag { margin-bottom: 10px; }
 figure.theta .cells { position: relative; width: 182px; height: 182px; }
 figure.theta img { image-rendering: pixelated; border: 1px solid #ccc; position: absolute; left: 0; top: 0; }
 svg.hover { position: absolute; left: 1px; top: 1px; } svg.hover rect { fill: transparent; }
-svg.hover rect:hover { stroke: #000; stroke-width: 0.08; }
-table.events { border-collapse: collapse; font-size: 13px; }
+svg.hover rect:hover { stroke: #000; stroke-width: 0.08; } table.events { border-collapse: collapse; font-size: 13px; }
 table.events td, table.events th { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: left; }
-</style></head>
-<body>
+</style></head><body>
 {{body}}
-<p class="note">Written by streamcorr report; self-contained (no network requests).</p>
-</body></html>
+<p class="note">Written by streamcorr report; self-contained (no network requests).</p></body></html>
 """

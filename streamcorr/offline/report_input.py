@@ -2,7 +2,8 @@
 directory's ``timeline-*.parquet``), ``events.parquet``, ``replay.json`` and ``tables.json``. Columns are cast
 to their types; a file of another shape, a wrong type, empty cells where a value is needed, more rows than
 ``MAX_ROWS`` or names longer than ``MAX_NAME_CHARS`` give one InputError naming the file. Output without the
-``dependent`` / ``n_eff`` columns (written before they existed) reads them as nulls."""
+``dependent`` / ``n_eff`` columns (written before they existed), or without ``lag_s`` / ``mi_lag`` (lags off, or
+older), reads them as nulls."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ..errors import InputError
 
 __all__ = ["load_output"]
 
-_OPTIONAL = {"dependent": "bool", "n_eff": "float32", "lag_s": "float32"}  # absent from older output: nulls
+_OPTIONAL = {"dependent": "bool", "n_eff": "float32", "lag_s": "float32", "mi_lag": "float32"}  # absent: nulls
 _TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
 _EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
                 "previous": "float64", "current": "float64"}  # fmt: skip
@@ -110,7 +111,8 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
     verdict = pc.fill_null(dependent, False).to_numpy(zero_copy_only=False)
     # 1 dependent, 0 not significant, -1 not known (older output, or a snapshot without the verdict)
     cols["dependent"] = np.where(known, verdict, -1).astype(np.int8)
-    cols["n_eff"] = pc.fill_null(tab.column("n_eff").cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+    for name in ("n_eff", "lag_s", "mi_lag"):  # NaN where null: no estimate, no significant lag, or not written
+        cols[name] = pc.fill_null(tab.column(name).cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     if len(cols["t_ns"]) == 0:
         raise InputError(f"{outdir}/timeline.parquet has no rows: the replay evaluated no hop")
     return info, cols, events, tables

@@ -5,11 +5,13 @@ Routes (mounted by :meth:`WebView.attach` on any aiohttp application, or served 
 
 - ``GET /``              the page (``static/index.html``; scripts and styles under ``/static/``, nothing external)
 - ``GET /ws``            JSON text messages, one per frame, in the envelope's words (:mod:`.envelope`):
-  ``kind`` is ``"snapshot"`` (matrices as nested lists, null for NaN; ``dependent`` and ``n_eff`` null when the
-  snapshot lacks them), ``"event"`` (its ``change``: rise, fall, ...; ``initial``, ``onset_t_ns``, ``path``; the
-  page outlines the pair's cell for 3 s as it arrives) or ``"status"`` (``state`` and ``counters``, the page's
-  status line: ``status_line(counters)``, by default :func:`web_summary`)
-- ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen) and its lookup table θ
+  ``kind`` is ``"snapshot"`` (matrices as nested lists, null for NaN; ``dependent``, ``n_eff``, ``lag_s`` and
+  ``mi_lag`` null when the snapshot lacks them), ``"event"`` (its ``change``: rise, fall, ..., lag-shift;
+  ``initial``, ``onset_t_ns``, ``path``, and for a lag-shift ``lag_s`` and ``previous_lag_s``; the page outlines
+  the pair's cell for 3 s as it arrives) or ``"status"`` (``state`` and ``counters``, the page's status line:
+  ``status_line(counters)``, by default :func:`web_summary`)
+- ``GET /api/pair?a=&b=`` the pair's MI history (from the snapshots this view has seen), its lookup table θ and
+  ``lag``: ``lag_fn(a, b)``, the newest MI-against-lag curve (``LagCurve.as_dict()``), null: no lag_fn or search
 
 Every client has its own outbox, bounded in bytes (``max_queue_bytes``, counting the frame being written):
 the newest snapshot and the newest status replace unsent ones (a slow client skips frames, it never falls
@@ -54,6 +56,7 @@ DEFAULT_QUEUE_BYTES: int = Http.model_fields["web_max_queue_bytes"].default  # 8
 MAX_TABLE_REQUESTS = 4  # table_fn calls running or waiting; more get 503 (each costs tens of ms of model time)
 
 TableFn = Callable[[str, str], np.ndarray | None]
+LagFn = Callable[[str, str], Mapping[str, Any] | None]  # cheap (a lookup): called on the event loop
 StatusLine = Callable[[Mapping[str, float | int]], Mapping[str, float | int | str]]
 
 # The view's own ledger, kept in SinkCounters.extra; counters_dict() returns it (the daemon's /metrics names).
@@ -106,14 +109,25 @@ def snapshot_message(snap: Snapshot) -> dict[str, Any]:
         # per cell: the change detector's verdict and the effective sample size (None where NaN); None: not sent
         "dependent": None if snap.dependent is None else np.asarray(snap.dependent, dtype=bool).tolist(),
         "n_eff": None if snap.n_eff is None else _finite_list(snap.n_eff, 1),
+        # lead and lag (lags on): [i][j] > 0 when channel j follows channel i, seconds; the MI there; None: off
+        "lag_s": None if snap.lag_s is None else _finite_list(snap.lag_s, 4),
+        "mi_lag": None if snap.mi_lag is None else _finite_list(snap.mi_lag, 4),
     }
 
 
 def event_message(ev: ChangeEvent) -> dict[str, Any]:
-    """The WebSocket form of a change event: MI in nats (4 decimals), None where not finite."""
-    previous, current = (round(float(x), 4) if math.isfinite(x) else None for x in (ev.previous, ev.current))
-    return dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns,
-                initial=bool(ev.initial), onset_t_ns=ev.onset_t_ns, path=ev.path)  # fmt: skip
+    """The WebSocket form of a change event: MI in nats (4 decimals), None where not finite; lag_s and
+    previous_lag_s (seconds, > 0: the pair's second channel follows the first) on a lag-shift only."""
+    previous, current = (_rounded(x, 4) for x in (ev.previous, ev.current))
+    msg = dict(kind="event", pair=list(ev.pair), previous=previous, current=current, change=ev.kind, t_ns=ev.t_ns,
+               initial=bool(ev.initial), onset_t_ns=ev.onset_t_ns, path=ev.path)  # fmt: skip
+    if ev.lag_s is not None:
+        msg["lag_s"], msg["previous_lag_s"] = _rounded(ev.lag_s, 5), _rounded(ev.previous_lag_s, 5)
+    return msg
+
+
+def _rounded(x: float | None, decimals: int) -> float | None:  # None where not finite
+    return round(float(x), decimals) if x is not None and math.isfinite(x) else None
 
 
 def _dumps(msg: dict[str, Any]) -> str:
@@ -174,6 +188,7 @@ class WebView:
         port: int = 8050,
         history_len: int = 300,
         table_fn: TableFn | None = None,
+        lag_fn: LagFn | None = None,
         max_clients: int = 16,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
         header_timeout_s: float = 10.0,
@@ -187,13 +202,14 @@ class WebView:
             raise ConfigError(f"max_clients must be >= 1; got {max_clients}")
         if max_queue_bytes < 1:
             raise ConfigError(f"max_queue_bytes must be a positive number of bytes per client; got {max_queue_bytes}")
-        for name, fn in (("table_fn", table_fn), ("status_line", status_line)):
+        for name, fn in (("table_fn", table_fn), ("lag_fn", lag_fn), ("status_line", status_line)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"{name} must be a function (see WebView's parameters); got {fn!r}")
         self.host = host
         self.port = port
         self.history_len = history_len
         self.table_fn = table_fn
+        self.lag_fn = lag_fn  # (a, b) -> the pair's lag curve as a JSON-ready dict, or None (see the module docstring)
         self.max_clients = max_clients
         self.max_queue_bytes = max_queue_bytes  # per client (see the module docstring)
         self.header_timeout_s = header_timeout_s  # standalone server: time to send a request's headers
@@ -405,6 +421,7 @@ class WebView:
             return web.json_response({"error": f"unknown channel(s) {unknown} in the latest snapshot"}, status=404)
         times, values = self._history.pair(a, b)
         body: dict[str, Any] = {"a": a, "b": b, "history": {"t_ns": times, "mi": values}, "table": None}
+        body.update(self._lag(a, b))
         if self.table_fn is not None:
             if self._table_requests >= MAX_TABLE_REQUESTS:
                 self.counters.extra["table_busy"] += 1
@@ -415,6 +432,15 @@ class WebView:
             finally:
                 self._table_requests -= 1
         return web.json_response(body, dumps=_dumps)
+
+    def _lag(self, a: str, b: str) -> dict[str, Any]:
+        try:
+            lag = None if self.lag_fn is None else self.lag_fn(a, b)
+            _dumps({"lag": lag})  # a value JSON cannot carry (NaN, an object): the lag_fn's fault, not a 500
+        except Exception as exc:
+            self._warn.warning("lag", "lag_fn(%r, %r) failed: %r", a, b, exc)
+            return {"lag": None, "lag_error": f"lag_fn failed: {exc!r}"}
+        return {"lag": None if lag is None else dict(lag)}
 
     async def _table(self, a: str, b: str) -> dict[str, Any]:
         assert self.table_fn is not None

@@ -2,7 +2,9 @@
 // Live view of a streamcorr engine: WebSocket messages in, canvas drawings out. No dependencies, no build.
 // Test hooks: #heatmap carries data-seq (last rendered snapshot), its geometry (data-x0, data-y0, data-cell
 // in CSS pixels), data-screened, data-insignificant and data-flashing (cell counts) and data-render-ms; #detail carries data-pair;
-// #detail-meta data-source and data-dependent; #table carries data-grid and data-pair once drawn.
+// #detail-meta data-source and data-dependent; #table carries data-grid and data-pair once drawn; #lag (the pair's
+// MI against lag, in #lag-box, hidden when lags are off) data-pair, data-lag-s (the reported lag, "" if none) and
+// data-points (network estimates drawn).
 (() => {
   const MAX_EVENTS = 100; // list length; older entries are removed
   const FLASH_MS = 3000, FLASH = "#ff9f1c"; // a pair's cell is outlined this long after a change event on it
@@ -17,7 +19,7 @@
     "#1f9e89", "#35b779", "#6ece58", "#b5de2b", "#fde725"].map(hexRgb);
 
   const $ = (id) => document.getElementById(id);
-  const heat = $("heatmap"), legend = $("legend"), spark = $("spark"), tableCv = $("table");
+  const heat = $("heatmap"), legend = $("legend"), spark = $("spark"), tableCv = $("table"), lagCv = $("lag");
   const st = {
     snap: null, layout: null, vmax: 1, sel: null, pinned: false, detail: null,
     fetchToken: 0, fetchTimer: 0, lastFetchMs: 0, renderQueued: false, retryMs: 1000, ws: null,
@@ -57,6 +59,11 @@
     return ctx;
   }
   function fmt(v, d = 3) { return v === null || v === undefined ? "–" : Number(v).toFixed(d); }
+  function fmtLag(s) { return Math.abs(s) < 1 ? `${Math.round(Math.abs(s) * 1000)} ms` : `${Math.abs(s).toFixed(2)} s`; }
+  function leadText(a, b, s) { // lag_s > 0: the pair's second channel follows the first
+    if (Math.round(Math.abs(s) * 1000) === 0) return `${a} and ${b} move together (lag 0 ms)`;
+    return s > 0 ? `${b} follows ${a} by ${fmtLag(s)}` : `${a} follows ${b} by ${fmtLag(s)}`;
+  }
   function fmtTime(tNs) { // epoch-like stream times as clock time, replayed/simulated ones as seconds
     return tNs > 1e17 ? new Date(tNs / 1e6).toLocaleTimeString([], { hour12: false }) : `${(tNs / 1e9).toFixed(1)} s`;
   }
@@ -211,6 +218,7 @@
     $("detail-pair").textContent = `${pair.a} × ${pair.b}`;
     tableCv.dataset.grid = "0"; tableCv.dataset.pair = "";
     $("table-note").textContent = "loading…";
+    lagCv.dataset.pair = ""; lagCv.dataset.lagS = ""; $("lag-note").textContent = "loading…";
     st.lastFetchMs = Date.now(); // the debounced fetch below is the first one
     updateDetail();
     clearTimeout(st.fetchTimer);
@@ -247,6 +255,7 @@
     st.detail = { t: body.history.t_ns, v: body.history.mi };
     drawSpark();
     drawTable(sel, body);
+    drawLag(sel, body.lag);
   }
 
   function updateDetail() {
@@ -263,8 +272,10 @@
     const dep = s.dependent && v !== null ? s.dependent[i][j] : null, nEff = s.n_eff ? s.n_eff[i][j] : null;
     const verdict = dep === null ? "" : dep ? " · dependent" : " · not significant";
     const size = nEff === null ? "" : ` · n_eff ${nEff.toFixed(0)}`; // effective sample size of the window
+    const lagS = s.lag_s ? s.lag_s[i][j] : null; // > 0: b follows a
+    const lag = lagS === null ? "" : ` · lag ${lagS < 0 ? "−" : "+"}${fmtLag(lagS)}`;
     $("detail-meta").textContent =
-      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}${what}${verdict}${size}`;
+      `coverage ${cov === null ? "–" : (100 * cov).toFixed(0) + "%"} · refreshed ${age === null ? "never" : fmt(age, 1) + " s ago"}${what}${verdict}${size}${lag}`;
     $("detail-meta").dataset.source = src === null ? "" : String(src);
     $("detail-meta").dataset.dependent = dep === null ? "" : String(dep);
     const d = st.detail;
@@ -326,6 +337,57 @@
     }
   }
 
+  function drawLag(sel, lag) { // the lag search's curve: scan (a shape) as a line, network estimates as dots
+    const box = $("lag-box"), note = $("lag-note");
+    box.hidden = !lag && !(st.snap && st.snap.lag_s); // lags off: no section
+    if (box.hidden) return;
+    const w = 320, h = 110, ctx = sizeCanvas(lagCv, w, h);
+    Object.assign(lagCv.dataset, { pair: `${sel.a}|${sel.b}`, lagS: "", points: "0" });
+    note.replaceChildren();
+    if (!lag) { note.textContent = "no lag search for this pair yet"; return; }
+    const xs = lag.lags_s, lo = xs[0], hi = xs[xs.length - 1], padL = 4, padR = 40, padT = 6, padB = 16;
+    const pts = lag.points_s.map((t, k) => [t, lag.points_mi[k]]).filter(([t, v]) => t !== null && v !== null);
+    const top = 1.1 * Math.max(0.1, lag.threshold || 0, ...lag.scan_mi.filter((v) => v !== null), ...pts.map((p) => p[1]));
+    const x = (t) => padL + ((t - lo) / (hi - lo || 1)) * (w - padL - padR);
+    const y = (v) => h - padB - (v / top) * (h - padT - padB);
+    ctx.strokeStyle = "#2c323c"; ctx.lineWidth = 1; ctx.beginPath(); // base line and zero lag
+    ctx.moveTo(padL, y(0)); ctx.lineTo(w - padR, y(0)); ctx.moveTo(x(0), padT); ctx.lineTo(x(0), y(0)); ctx.stroke();
+    if (lag.threshold) { // what the best lag's MI had to clear
+      ctx.setLineDash([3, 3]); ctx.strokeStyle = "#8b95a3"; ctx.beginPath();
+      ctx.moveTo(padL, y(lag.threshold)); ctx.lineTo(w - padR, y(lag.threshold)); ctx.stroke(); ctx.setLineDash([]);
+    }
+    ctx.strokeStyle = "#26828e"; ctx.lineWidth = 1.5; ctx.beginPath();
+    let pen = false;
+    lag.scan_mi.forEach((v, k) => {
+      if (v === null) { pen = false; return; }
+      if (pen) ctx.lineTo(x(xs[k]), y(v)); else ctx.moveTo(x(xs[k]), y(v));
+      pen = true;
+    });
+    ctx.stroke();
+    if (lag.lag_s !== null) { // the reported lag, under the dots
+      ctx.strokeStyle = "#fff"; ctx.lineWidth = 1.5; ctx.beginPath();
+      ctx.moveTo(x(lag.lag_s), padT); ctx.lineTo(x(lag.lag_s), y(0)); ctx.stroke();
+    }
+    ctx.fillStyle = "#fde725";
+    for (const [t, v] of pts) { ctx.beginPath(); ctx.arc(x(t), y(v), 3, 0, 2 * Math.PI); ctx.fill(); }
+    ctx.fillStyle = "#9aa4b1"; ctx.font = "10px system-ui, sans-serif"; ctx.textBaseline = "top";
+    for (const [t, align] of [[lo, "left"], [0, "center"], [hi, "right"]]) {
+      ctx.textAlign = align; ctx.fillText(t === 0 ? "0" : `${t < 0 ? "−" : "+"}${fmtLag(t)}`, x(t), h - padB + 3);
+    }
+    ctx.textAlign = "left"; ctx.fillText(fmt(top / 1.1, 2), w - padR + 4, padT);
+    ctx.textBaseline = "bottom"; ctx.fillText("0", w - padR + 4, y(0));
+    Object.assign(lagCv.dataset, { points: String(pts.length), lagS: lag.lag_s === null ? "" : String(lag.lag_s) });
+    const lead = document.createElement("div");
+    if (lag.lag_s !== null) {
+      const span = document.createElement("span"); span.className = "lead";
+      span.textContent = leadText(sel.a, sel.b, lag.lag_s);
+      lead.append(span, ` · MI ${fmt(lag.mi_lag, 2)} nats`);
+    } else lead.textContent = `no significant lag (best MI under ${fmt(lag.threshold, 2)} nats)`;
+    const key = document.createElement("div");
+    key.textContent = "line: scan · dots: network estimates · dashed: threshold";
+    note.append(lead, key);
+  }
+
   // -- events and status ---------------------------------------------------------------------------
   function addEvent(ev) {
     const li = document.createElement("li");
@@ -335,7 +397,10 @@
     const change = document.createElement("span"); change.className = "change";
     change.textContent = ev.initial ? `${ev.change} (initial)` : ev.change;
     if (ev.initial) change.title = "dependent from the pair's first assessment, not an onset";
-    const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`);
+    const shift = ev.change === "lag-shift" && ev.lag_s !== null && ev.lag_s !== undefined; // lags in seconds
+    const what = document.createTextNode(` ${ev.pair[0]} × ${ev.pair[1]}: ` + (shift
+      ? `lag ${fmt(ev.previous_lag_s, 2)} s → ${fmt(ev.lag_s, 2)} s (${leadText(ev.pair[0], ev.pair[1], ev.lag_s)})`
+      : `${fmt(ev.previous, 2)} → ${fmt(ev.current, 2)} nats`));
     li.append(when, change, what);
     if (ev.path) li.dataset.path = ev.path; // "fast": the fast path saw it, before the window estimate moved
     if (ev.onset_t_ns !== null && ev.onset_t_ns !== undefined) { // how long after its estimated start it was seen
