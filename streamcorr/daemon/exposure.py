@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 
 from ..config import Config
 
-__all__ = ["exposed_listeners"]
+__all__ = ["exposed_listeners", "warn_exposed"]
 
 _LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost", "lo"})
 
@@ -50,3 +51,9 @@ def exposed_listeners(cfg: Config) -> list[str]:
             if host is not None and not _is_loopback(host):
                 out.append(f"sources.{k}.endpoint {src.endpoint!r} accepts samples from any host: {fix}")
     return out
+
+
+def warn_exposed(cfg: Config, log: logging.Logger) -> None:
+    """One warning per socket the configuration opens beyond loopback."""
+    for line in exposed_listeners(cfg):
+        log.warning("listening beyond loopback: %s", line)

@@ -46,7 +46,7 @@ from ..ingest.source import Source
 from ..logutil import RateLimitedLog
 from ..publish.sinks import Sink, SinkGuard, forward, return_free_memory
 from ..transport.http import HttpGuard
-from .exposure import exposed_listeners
+from .exposure import warn_exposed
 from .observe import DaemonMetrics, health, liveness, readiness, status_counters
 from .parts import COMPUTE, OUTPUTS, SOURCES
 from .systemd import SystemdNotifier
@@ -361,7 +361,7 @@ class Daemon:
                 loop.add_signal_handler(sig, self.stop)
         watchdog = asyncio.create_task(self.notify.watchdog(), name="systemd-watchdog")
         try:
-            _ = [log.warning("listening beyond loopback: %s", line) for line in exposed_listeners(self.cfg)]
+            warn_exposed(self.cfg, log)
             await self._start_http()
             if await self._prepare_engine():
                 await self._serve()

@@ -82,7 +82,8 @@ class LagTracker:
         self.window_len, self.max_lag, self.period_ns = window_len, max_lag, period_ns
         self.refresh_ns, self.max_pairs, self.alpha, self.min_effect = refresh_ns, max_pairs, alpha, min_effect
         self._searched: dict[tuple[str, str], int] = {}  # end tick of each pair's newest search
-        self._reported: dict[tuple[str, str], tuple[float, float]] = {}  # (lag in samples, mi) of the last event
+        # (lag in samples, newest MI there) as last reported: the baseline a lag-shift is measured from
+        self._reported: dict[tuple[str, str], tuple[float, float]] = {}
         self._pending: dict[tuple[str, str], tuple[float, int]] = {}  # a new lag and how many searches it held
         self.curves: dict[tuple[str, str], LagCurve] = {}
         self.budget_s = hop_s * hop_budget  # of each hop, for every stage
@@ -202,7 +203,8 @@ class LagTracker:
             self._reported[key] = (lag, mi)
             return None
         old, old_mi = before
-        if abs(lag - old) <= max(2.0, 0.1 * abs(old)):
+        if abs(lag - old) <= max(2.0, 0.1 * abs(old)):  # still there: its newest MI is the event's previous
+            self._reported[key] = (old, mi)
             self._pending.pop(key, None)
             return None
         pending = self._pending.get(key)

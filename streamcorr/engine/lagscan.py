@@ -39,7 +39,7 @@ import numpy as np
 from scipy.stats import chi2
 
 from ..errors import InputError
-from ..estimate.copula import rank_transform
+from ..estimate.copula import Ties, rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.significance import NullTable, autocorrelation, pair_n_eff
 from ..estimate.surrogates import SurrogateNulls
@@ -71,7 +71,7 @@ class LagScan:
     network_pairs: int  # network estimates made: candidates and surrogates
 
 
-def _features(values: np.ndarray, ties: str) -> np.ndarray:
+def _features(values: np.ndarray, ties: Ties) -> np.ndarray:
     """Standardised cosine features (C, F, L) of each row's copula values (the screen's sketch)."""
     return sketch(rank_transform(values, ties), N_BASIS)
 

@@ -105,10 +105,17 @@ class MatrixState:
         """Append channels, growing each matrix once for all of them."""
         n, k = len(self.channels), len(names)
         self.channels.extend(names)
-        cells = (("mi", np.nan), ("coverage", np.nan), ("refreshed_ns", -1), ("network_ns", -1), ("source", 0),
-                 ("dependent", False), ("n_eff", np.nan))  # fmt: skip
+        cells: list[tuple[str, float]] = [
+            ("mi", np.nan),
+            ("coverage", np.nan),
+            ("refreshed_ns", -1),
+            ("network_ns", -1),
+            ("source", 0),
+            ("dependent", False),
+            ("n_eff", np.nan),
+        ]
         if self.lags:
-            cells += (("lag_s", np.nan), ("mi_lag", np.nan))
+            cells += [("lag_s", np.nan), ("mi_lag", np.nan)]
         for attr, fill in cells:
             old = getattr(self, attr)
             new = np.full((n + k, n + k), fill, dtype=old.dtype)

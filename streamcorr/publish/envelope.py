@@ -388,7 +388,7 @@ def _decode_snapshot(m: Mapping[str, Any], seq: int, wall_ns: int) -> Message:
     else:
         raise EnvelopeError("snapshot envelope has neither matrices ('mi') nor 'pairs'")
     snap = Snapshot(_int(m, "snapshot_seq", "snapshot", 0, _UINT64_MAX), _int(m, "t_ns", "snapshot"), wall_ns,
-                    tuple(channels), mi, age_s, coverage, **extra)  # fmt: skip
+                    tuple(channels), mi, age_s, coverage, **extra)  # type: ignore[arg-type]  # fmt: skip
     return Message("snapshot", seq, snap, wall_ns, VERSION, pairs)
 
 
