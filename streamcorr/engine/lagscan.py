@@ -19,7 +19,9 @@ A lag curve does not cost a network pass per lag. Three steps, for many pairs at
 **Significance.** The best of many lags is biased upward. The MI at the best lag must clear the null of
 independent windows at the pair's effective size, at the rate ``alpha`` divided by the number of effectively
 independent lags searched, (2K + 1) n_eff / N (a union bound: neighbouring lags of a smooth pair are nearly the
-same test). Otherwise the pair reports no lag.
+same test). A smooth pair (n_eff below N / 2) is judged on its own null instead: its best-lag windows shifted
+circularly against each other (``surrogates`` shifts, :class:`streamcorr.estimate.surrogates.SurrogateNulls`),
+never below white noise's bar at the same rate. Otherwise the pair reports no lag.
 
 >>> from streamcorr.estimate.estimator import default_estimator
 >>> rng = np.random.default_rng(1)
@@ -225,7 +227,9 @@ def lag_scan(
         hi = np.array(
             [own.thresholds([key], alpha / independent_lags[q])[0][0] for key, q in zip(keys, smooth, strict=True)]
         )
-        threshold[smooth] = np.maximum(hi, min_effect)
+        # never below white noise's bar at the same rate: 16 shifts of an oscillating pair can all land low
+        white = np.array([null.dependent_above(np.array([float(n)]), alpha / independent_lags[q])[0] for q in smooth])
+        threshold[smooth] = np.maximum(np.maximum(hi, white), min_effect)
     significant = go & (mi_best > threshold)
     best[~go] = np.nan
     return LagScan(np.where(significant, best, np.nan), best, mi_best, mi_zero, threshold, significant, curve,
