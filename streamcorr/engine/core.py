@@ -111,7 +111,8 @@ class Engine:
         if config.fast:
             self.fast = FastPath(self.est, self.detector, self._null, window_len=config.window_len,
                                  period_ns=self.resampler.period_ns, hop_samples=config.hop_samples,
-                                 sentinel_len=sentinel_len(config))  # fmt: skip
+                                 sentinel_len=sentinel_len(config),
+                                 budget_s=config.hop_samples / config.rate_hz * config.hop_budget)  # fmt: skip
         self.lags = LagTracker.for_engine(config, self.est, self.calibration, self.resampler.period_ns)
         self.screener = Screener.for_engine(config, cache_dir())
         # smooth pairs' own nulls, measured again once their window has been replaced

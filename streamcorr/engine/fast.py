@@ -15,7 +15,8 @@ the last sample at which S was zero. The network then confirms it: the samples s
 128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
 below half the reference's level. A pair still above either gets a new reference (its relation changed shape, not
 vanished), as does one still undecided at 256 samples (a smooth pair whose short-window null is too wide to tell:
-the window path judges it).
+the window path judges it). References are renewed once a window while the CUSUM rests at 0, as far as what is
+left of the hop's budget (``screening.hop_budget`` of the hop) allows: a busy hop keeps the older tables.
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
 flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,6 +106,7 @@ class FastPath:
         sentinel_len: int = 256,
         persist: int = 1,
         arl_pair_hours: float = ARL_PAIR_HOURS,
+        budget_s: float = float("inf"),
     ) -> None:
         self.est, self.detector, self.nulls = est, detector, nulls
         self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
@@ -115,6 +118,8 @@ class FastPath:
         self._streak: dict[tuple[str, str], int] = {}
         self._tested: dict[tuple[str, str], int] = {}  # end tick of each pair's latest sentinel test
         self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
+        self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
+        self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
         self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
 
     def forget(self, channels: set[str]) -> None:
@@ -149,7 +154,7 @@ class FastPath:
         candidates = np.flatnonzero(sentinel & ok)
         watched = np.array([k for k in candidates if self.detector.is_dependent(keys[k]) is False], dtype=np.int64)
         events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held)
-        self._refresh(end_tick, keys, pairs, ranks, n_eff, held)
+        self._refresh(end_tick, keys, pairs, ranks, n_eff, held, self.budget_s - (time.perf_counter() - hop.began))
         budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
         events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
         return events
@@ -245,22 +250,28 @@ class FastPath:
     # -- references -----------------------------------------------------------------------------------
     def _refresh(
         self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
-        n_eff: np.ndarray, rows: np.ndarray,
+        n_eff: np.ndarray, rows: np.ndarray, left_s: float,
     ) -> None:  # fmt: skip
         """New references for held pairs without one, and for those whose table is a window old while their CUSUM
-        rests at 0; about one window's worth of pairs per window, pairs without one first."""
+        rests at 0; about one window's worth of pairs per window, pairs without one first. Renewals fit in left_s,
+        what is left of the hop's budget (at least one pair a hop)."""
         n, period = self.window_len, self.period_ns
         missing = [k for k in rows if keys[k] not in self._refs and not self.detector.holding(keys[k], end_tick)]
         stale = [k for k in rows if (r := self._refs.get(keys[k])) is not None and r.s == 0.0
                  and end_tick - r.made_tick >= n * period]  # fmt: skip
         stale.sort(key=lambda k: self._refs[keys[k]].made_tick)
         budget = max(8, math.ceil(len(rows) * 2 * self.hop_samples / n))
+        if self._s_per_table > 0:
+            budget = min(budget, max(1, int(left_s / self._s_per_table)))
         chosen = missing + stale[: max(0, budget - len(missing))]
         if not chosen:
             return
         sel = pairs[chosen]
+        t0 = time.perf_counter()
         u = np.stack([r if r is not None else np.full(n, 0.5) for r in ranks])
         theta, log_z, hist = pair_tables(self.est, u, sel[:, 0], sel[:, 1])
+        per = (time.perf_counter() - t0) / len(chosen)
+        self._s_per_table = per if self._s_per_table == 0 else 0.7 * self._s_per_table + 0.3 * per
         mean, var = window_moments(theta, log_z, hist)
         for q, k in enumerate(chosen):
             ne = n_eff[k] if np.isfinite(n_eff[k]) else float(n)
