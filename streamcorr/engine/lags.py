@@ -36,6 +36,7 @@ from .settings import EngineConfig, lag_samples
 __all__ = ["LAG_PERSIST", "LagCurve", "LagTracker"]
 
 LAG_PERSIST = 2  # searches in a row a new lag must hold before a lag-shift event
+PROBE_PAIRS = 8  # pairs searched in the first search, which times it
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,10 @@ class LagTracker:
         due = np.flatnonzero((last < 0) | (hop.end_tick - last >= self.refresh_ns))
         held = np.array([bool(detector.is_dependent(keys[k])) for k in due], dtype=bool)
         order = np.lexsort((last[due], ~held))  # held first, then oldest search first
-        fit = self.max_pairs
+        fit = min(self.max_pairs, PROBE_PAIRS)  # until a search has been timed
         if self.s_per_pair > 0:  # what is left of the hop's budget
             left = self.budget_s - (time.perf_counter() - hop.began)
-            fit = max(1, min(fit, int(left / self.s_per_pair)))
+            fit = max(1, min(self.max_pairs, int(left / self.s_per_pair)))
         self.counts["deferred"] += max(0, len(due) - fit)
         return due[order][:fit]
 
