@@ -3,8 +3,8 @@
 Each hop the tracker searches the lags of up to ``lags.max_pairs_per_hop`` pairs whose last search is at least
 ``lags.refresh_s`` old: pairs the change detector holds dependent first, then the others, stalest first; and only
 as many as fit in what is left of the hop's time budget (``screening.hop_budget`` of the hop, at the measured
-seconds per search; at least one pair a hop), so that lags never cost a live engine its hops: pairs left over
-wait for a later hop (``counts["deferred"]``). A search
+seconds per search; at least one pair while any time is left, none once the hop is over it), so that lags never
+cost a live engine its hops: pairs left over wait for a later hop (``counts["deferred"]``). A search
 (:func:`streamcorr.engine.lagscan.lag_scan`) reads the pair's channels over the window plus the lag range from
 the ring buffers (which hold that much), scans every lag with the cosine features, and runs the network on a few
 candidate lags; pairs not held dependent reach the network only when the scan's peak is beyond chance.
@@ -126,9 +126,9 @@ class LagTracker:
         due = np.flatnonzero((last < 0) | (hop.end_tick - last >= self.refresh_ns))
         held = np.array([bool(detector.is_dependent(keys[k])) for k in due], dtype=bool)
         order = np.lexsort((last[due], ~held))  # held first, then oldest search first
-        fit = min(self.max_pairs, PROBE_PAIRS)  # until a search has been timed
-        if self.s_per_pair > 0:  # what is left of the hop's budget
-            left = self.budget_s - (time.perf_counter() - hop.began)
+        left = self.budget_s - (time.perf_counter() - hop.began)  # of the hop's budget
+        fit = 0 if left <= 0 else min(self.max_pairs, PROBE_PAIRS)  # PROBE_PAIRS until a search has been timed
+        if left > 0 and self.s_per_pair > 0:
             fit = max(1, min(self.max_pairs, int(left / self.s_per_pair)))
         self.counts["deferred"] += max(0, len(due) - fit)
         return due[order][:fit]
