@@ -55,6 +55,7 @@ __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath", "window_onsets"]
 ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
 CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
 CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
+PROBE_TABLES = 64  # references made in the first batch, which times them
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 
 
@@ -253,17 +254,18 @@ class FastPath:
         n_eff: np.ndarray, rows: np.ndarray, left_s: float,
     ) -> None:  # fmt: skip
         """New references for held pairs without one, and for those whose table is a window old while their CUSUM
-        rests at 0; about one window's worth of pairs per window, pairs without one first. Renewals fit in left_s,
-        what is left of the hop's budget (at least one pair a hop)."""
+        rests at 0; about one window's worth of pairs per window, pairs without one first; all within left_s, what
+        is left of the hop's budget (at least one pair a hop)."""
         n, period = self.window_len, self.period_ns
         missing = [k for k in rows if keys[k] not in self._refs and not self.detector.holding(keys[k], end_tick)]
         stale = [k for k in rows if (r := self._refs.get(keys[k])) is not None and r.s == 0.0
                  and end_tick - r.made_tick >= n * period]  # fmt: skip
         stale.sort(key=lambda k: self._refs[keys[k]].made_tick)
-        budget = max(8, math.ceil(len(rows) * 2 * self.hop_samples / n))
-        if self._s_per_table > 0:
-            budget = min(budget, max(1, int(left_s / self._s_per_table)))
-        chosen = missing + stale[: max(0, budget - len(missing))]
+        budget = len(missing) + max(8, math.ceil(len(rows) * 2 * self.hop_samples / n))
+        # within what is left of the hop (the first batch, untimed, at most PROBE_TABLES): a matrix whose pairs all
+        # turn dependent at once gets its references over a few hops, not in one overlong hop
+        fit = int(left_s / self._s_per_table) if self._s_per_table > 0 else PROBE_TABLES
+        chosen = (missing + stale)[: max(1, min(budget, fit))]
         if not chosen:
             return
         sel = pairs[chosen]
