@@ -64,7 +64,7 @@ from .lags import LagTracker
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
-from .settings import EngineConfig, sentinel_len
+from .settings import EngineConfig, hop_budget_s, sentinel_len
 
 log = logging.getLogger("streamcorr.engine.core")
 __all__ = ["Engine", "EngineConfig", "EngineCounters"]
@@ -112,7 +112,7 @@ class Engine:
             self.fast = FastPath(self.est, self.detector, self._null, window_len=config.window_len,
                                  period_ns=self.resampler.period_ns, hop_samples=config.hop_samples,
                                  sentinel_len=sentinel_len(config),
-                                 budget_s=config.hop_samples / config.rate_hz * config.hop_budget)  # fmt: skip
+                                 budget_s=hop_budget_s(config))  # fmt: skip
         self.lags = LagTracker.for_engine(config, self.est, self.calibration, self.resampler.period_ns)
         self.screener = Screener.for_engine(config, cache_dir())
         # smooth pairs' own nulls, measured again once their window has been replaced

@@ -264,8 +264,8 @@ class FastPath:
         budget = len(missing) + max(8, math.ceil(len(rows) * 2 * self.hop_samples / n))
         # within what is left of the hop (the first batch, untimed, at most PROBE_TABLES): a matrix whose pairs all
         # turn dependent at once gets its references over a few hops, not in one overlong hop
-        fit = int(left_s / self._s_per_table) if self._s_per_table > 0 else PROBE_TABLES
-        chosen = (missing + stale)[: max(1, min(budget, fit))]
+        fit = min(budget, left_s / self._s_per_table) if self._s_per_table > 0 else PROBE_TABLES
+        chosen = (missing + stale)[: max(1, int(min(budget, fit)))]
         if not chosen:
             return
         sel = pairs[chosen]

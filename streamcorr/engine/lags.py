@@ -4,8 +4,9 @@ Each hop the tracker searches the lags of up to ``lags.max_pairs_per_hop`` pairs
 ``lags.refresh_s`` old: pairs the change detector holds dependent first, then the others, stalest first; and only
 as many as fit in what is left of the hop's time budget (``screening.hop_budget`` of the hop, at the measured
 seconds per search; at least one pair while any time is left, none once the hop is over it), so that lags never
-cost a live engine its hops: pairs left over wait for a later hop (``counts["deferred"]``). A search
-(:func:`streamcorr.engine.lagscan.lag_scan`) reads the pair's channels over the window plus the lag range from
+cost a live engine its hops: pairs left over wait for a later hop (``counts["deferred"]``). With
+``window.skip_stale_hops`` off (a replay) there is no time budget: every due pair is searched, the same each run.
+A search (:func:`streamcorr.engine.lagscan.lag_scan`) reads the pair's channels over the window plus the lag range from
 the ring buffers (which hold that much), scans every lag with the cosine features, and runs the network on a few
 candidate lags; pairs not held dependent reach the network only when the scan's peak is beyond chance.
 
@@ -31,7 +32,7 @@ from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .lagscan import lag_scan
 from .matrix import MatrixState
-from .settings import EngineConfig, lag_samples
+from .settings import EngineConfig, hop_budget_s, lag_samples
 
 __all__ = ["LAG_PERSIST", "LagCurve", "LagTracker"]
 
@@ -76,8 +77,7 @@ class LagTracker:
         max_pairs: int,
         alpha: float = 1e-3,
         min_effect: float = 0.0,
-        hop_s: float = float("inf"),
-        hop_budget: float = 1.0,
+        budget_s: float = float("inf"),
     ) -> None:
         self.est, self.null = est, null
         self.window_len, self.max_lag, self.period_ns = window_len, max_lag, period_ns
@@ -87,7 +87,7 @@ class LagTracker:
         self._reported: dict[tuple[str, str], tuple[float, float]] = {}
         self._pending: dict[tuple[str, str], tuple[float, int]] = {}  # a new lag and how many searches it held
         self.curves: dict[tuple[str, str], LagCurve] = {}
-        self.budget_s = hop_s * hop_budget  # of each hop, for every stage
+        self.budget_s = budget_s  # of each hop, for every stage
         self.s_per_pair = 0.0  # measured seconds per searched pair (0: not yet)
         self.counts = {"pairs_searched": 0, "network_pairs": 0, "gapped": 0, "deferred": 0}
 
@@ -99,8 +99,7 @@ class LagTracker:
             return None
         return cls(est, null, window_len=cfg.window_len, max_lag=max_lag, period_ns=period_ns,
                    refresh_ns=round(cfg.lag_refresh_s * 1e9), max_pairs=cfg.lag_pairs_per_hop,
-                   min_effect=cfg.min_effect, hop_s=cfg.hop_samples / cfg.rate_hz,
-                   hop_budget=cfg.hop_budget)  # fmt: skip
+                   min_effect=cfg.min_effect, budget_s=hop_budget_s(cfg))  # fmt: skip
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a channel in ``channels`` (retired)."""
@@ -129,7 +128,7 @@ class LagTracker:
         left = self.budget_s - (time.perf_counter() - hop.began)  # of the hop's budget
         fit = 0 if left <= 0 else min(self.max_pairs, PROBE_PAIRS)  # PROBE_PAIRS until a search has been timed
         if left > 0 and self.s_per_pair > 0:
-            fit = max(1, min(self.max_pairs, int(left / self.s_per_pair)))
+            fit = max(1, int(min(self.max_pairs, left / self.s_per_pair)))
         self.counts["deferred"] += max(0, len(due) - fit)
         return due[order][:fit]
 

@@ -178,6 +178,12 @@ def sentinel_len(cfg: EngineConfig) -> int:
     return min(cfg.window_len, max(64, min(cfg.fast_window, cfg.window_len // 4)))
 
 
+def hop_budget_s(cfg: EngineConfig) -> float:
+    """Seconds of each hop its optional work (fast-path references, lag searches) may fill, stages before included:
+    screening.hop_budget of the hop live (skip_stale_hops); unbounded in a replay, so that it is deterministic."""
+    return cfg.hop_samples / cfg.rate_hz * cfg.hop_budget if cfg.skip_stale_hops else math.inf
+
+
 def lag_samples(cfg: EngineConfig) -> int:
     """The lead/lag search range in samples of the common clock (0: off)."""
     return math.ceil(cfg.max_lag_s * cfg.rate_hz - 1e-9) if cfg.max_lag_s > 0 else 0
