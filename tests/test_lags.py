@@ -267,3 +267,31 @@ def test_estimate_command_prints_the_curve_and_the_best_lag(tmp_path, capsys):
     np.savetxt(path, np.c_[x, y], delimiter=",", header="x,y", comments="")
     assert main(["estimate", str(path), "x", "y", "--max-lag-s", "0.3"]) != 0
     assert "--rate-hz" in capsys.readouterr().err
+
+
+def test_a_hop_over_its_budget_defers_lag_searches() -> None:
+    """Live (skip_stale_hops) the lag search fills only what is left of the hop's budget: with none left no pair
+    is searched and the wait is counted; a replay has no time budget and searches every due pair."""
+    rng = np.random.default_rng(777)
+    n = int(20 * RATE)
+    a = rng.standard_normal(n)
+    data = {"a": a, "b": _delayed(a, 7.0) + 0.3 * rng.standard_normal(n)}
+    stamps = {k: T0 + np.arange(n) / RATE for k in data}
+    live = Engine(EngineConfig(channels=list(data), rate_hz=RATE, window_len=256, max_lag_s=0.2))
+    replay = Engine(EngineConfig(channels=list(data), rate_hz=RATE, window_len=256, max_lag_s=0.2,
+                                 skip_stale_hops=False))  # fmt: skip
+    assert live.lags is not None and replay.lags is not None
+    assert live.lags.budget_s == pytest.approx(0.8) and replay.lags.budget_s == float("inf")
+    live.lags.budget_s = 0.0  # every hop is over its budget
+    for eng in (live, replay):
+        for name, x in data.items():
+            eng.push(name, stamps[name], x)
+        end = (int(stamps["a"][-1] * 1e9) // 10**7) * 10**7
+        snap, _ = eng.evaluate(end)
+        assert snap.lag_s is not None
+        if eng is live:
+            assert eng.lags.counts["pairs_searched"] == 0 and eng.lags.counts["deferred"] == 1
+            assert np.isnan(snap.lag_s).all()
+        else:
+            assert eng.lags.counts["pairs_searched"] == 1
+            assert snap.lag_s[0, 1] == pytest.approx(0.07, abs=0.01)
