@@ -317,7 +317,8 @@ def test_a_daemon_whose_record_directory_breaks_reports_drops_and_recovers(tmp_p
             assert _probe(http_port, "/readyz")[0] == 200  # input is still taken
             rec_dir.unlink()
             _wait(feeding(lambda: _probe(http_port, "/healthz")[0] == 200), "healthy again", proc, 30)
-            assert list(rec_dir.glob("timeline-*.parquet"))
+            # the first file after the recovery is written at its rotation (rotate_s), which a loaded machine delays
+            _wait(feeding(lambda: list(rec_dir.glob("timeline-*.parquet"))), "files written again", proc, 30)
             text = proc.log_path.read_text()
     finally:
         push.close()
