@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 import time
@@ -84,6 +83,10 @@ def _estimate(args: argparse.Namespace) -> int:
     x, y = (table.column(c) for c in (args.x, args.y))
     keep = np.isfinite(x) & np.isfinite(y)
     dropped = int((~keep).sum())
+    if args.max_lag_s is not None and dropped:  # a lag is counted in rows: they must be one clock's samples
+        raise InputError(f"--max-lag-s needs {args.x!r} and {args.y!r} on one clock, every row with both ({dropped} "
+                         f"of {len(x)} lack one); for channels on their own clocks use `streamcorr replay "
+                         f"{args.csv} --max-lag-s {args.max_lag_s:g}`, which aligns them first")  # fmt: skip
     if keep.sum() < MIN_ROWS:
         raise StreamcorrError(
             f"{args.csv}: only {int(keep.sum())} rows have numbers in both {args.x!r} and {args.y!r}"
@@ -93,45 +96,13 @@ def _estimate(args: argparse.Namespace) -> int:
         print(f"note: {dropped} of {len(x)} rows dropped (missing or non-numeric {args.x!r} or {args.y!r})",
               file=sys.stderr)  # fmt: skip
     if args.max_lag_s is None:
+        if args.rate_hz is not None:
+            print("note: --rate-hz is used only with --max-lag-s", file=sys.stderr)
         print(f"{Estimator().estimate(x[keep], y[keep]):.4f}")
         return 0
-    return _estimate_lag(args, table, x, y, keep)
+    from .lag import print_lag_curve
 
-
-def _estimate_lag(args: argparse.Namespace, table: _Table, x: np.ndarray, y: np.ndarray, keep: np.ndarray) -> int:
-    """MI against lag: rows are samples on one clock (its rate from --rate-hz, else the time column)."""
-    from ..engine.changes import SHIPPED_WINDOWS
-    from ..engine.lagscan import lag_scan
-    from ..estimate.estimator import default_estimator
-
-    rate = args.rate_hz
-    if rate is None and table.time is not None:
-        step = np.diff(table.column(table.time))
-        rate = 1.0 / float(np.median(step)) if len(step) and np.median(step) > 0 else None
-    if not (math.isfinite(args.max_lag_s) and args.max_lag_s > 0):
-        raise InputError(f"--max-lag-s must be a positive number of seconds; got {args.max_lag_s}")
-    if rate is None or not (math.isfinite(rate) and rate > 0):
-        raise InputError("--max-lag-s needs the rows' rate: give --rate-hz, or a time column (t, time, ...)")
-    k = max(1, math.ceil(args.max_lag_s * rate - 1e-9))
-    if not keep.all():
-        raise InputError(f"--max-lag-s needs every row to have both {args.x!r} and {args.y!r} (rows are the clock)")
-    # the newest 2048, 1024, 512 or 256 rows beside the lag range: windows with a shipped null (others measure one)
-    n = max((w for w in SHIPPED_WINDOWS if w + k <= len(x)), default=0)
-    if n == 0:
-        raise InputError(f"{len(x)} rows: a lag search of +-{k} samples needs at least {min(SHIPPED_WINDOWS) + k}")
-    r = lag_scan(default_estimator(), np.stack([x, y]), [0], [1], max_lag=k, window_len=n)
-    print(f"lag_s\tscan_mi  ({args.y!r} against {args.x!r} over the newest {n} rows; lag > 0: {args.y!r} follows)")
-    for lag, value in zip(np.arange(-k, k + 1) / rate, r.curve[0], strict=True):
-        print(f"{lag:+.4f}\t{value:.4f}")
-    for lag, value in zip(r.cand_lag[0] / rate, r.cand_mi[0], strict=True):
-        print(f"network at {lag:+.4f} s: {value:.4f} nats")
-    if r.significant[0]:
-        print(f"best lag {r.lag[0] / rate:+.4f} s, MI there {r.mi[0]:.4f} nats (null for the best of the lags: "
-              f"{r.threshold[0]:.4f})")  # fmt: skip
-    else:
-        print(f"no significant lag: best MI {r.mi[0]:.4f} nats is within the null for the best of the lags "
-              f"({r.threshold[0]:.4f})")  # fmt: skip
-    return 0
+    return print_lag_curve(args, None if table.time is None else table.column(table.time), x, y)
 
 
 class _Table:

@@ -89,9 +89,11 @@ def _replay(args: argparse.Namespace) -> int:
     from ..offline.logs import open_log
 
     limits = limits_from(args)
-    for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s), ("--max-lag-s", args.max_lag_s)):
+    for flag, value in (("--rate-hz", args.rate_hz), ("--max-gap-s", args.max_gap_s)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise InputError(f"{flag} must be a finite number more than 0; got {value}")
+    if args.max_lag_s is not None and not (math.isfinite(args.max_lag_s) and args.max_lag_s >= 0):
+        raise InputError(f"--max-lag-s must be a finite number of seconds, 0 for off; got {args.max_lag_s}")
     rec = open_log(
         args.log,
         fmt=args.format,

@@ -10,7 +10,7 @@ A lag curve does not cost a network pass per lag. Three steps, for many pairs at
    lag come from one FFT product. Their sum of squares, S(tau) = T_tau sum_kl c_kl(tau)^2, is the screen's
    statistic at lag tau: about chi-square with 16 degrees of freedom for white independent channels, and it sees
    non-monotone relations (a square, an absolute value) that plain cross-correlation misses.
-2. **Network** (a few lags). The ``candidates`` highest separated peaks of S get one network estimate each, on
+2. **Network** (a few lags). The ``candidates`` highest local maxima of S get one network estimate each, on
    windows of N samples shifted by that lag, in one batch; the best of them is the pair's lag.
 3. **Refine**. A parabola through S at the best lag and its two neighbours gives the sub-sample lag; the
    sample-and-hold alignment's mean age per channel (``age``, samples by which a channel's held value trails the
@@ -50,7 +50,7 @@ from .screen import sketch
 
 __all__ = ["CANDIDATES", "LagScan", "lag_scan", "lag_windows", "scan_statistic"]
 
-CANDIDATES = 3  # lags per pair the network evaluates: the scan's highest separated peaks
+CANDIDATES = 3  # lags per pair the network evaluates: the scan's highest local maxima
 SURROGATES = 16  # shifted surrogates per smooth pair for its own null (streamcorr.estimate.surrogates)
 N_BASIS = 4  # cosine features per channel in the scan (the screen's)
 _CHUNK_FLOATS = 8_000_000  # bounds the scan's (pairs, F, F, nfft) temporary
@@ -99,10 +99,12 @@ def scan_statistic(feat: np.ndarray, iu: np.ndarray, iv: np.ndarray, max_lag: in
 
 
 def _peaks(s: np.ndarray, n: int, gap: int) -> np.ndarray:
-    """Indices of the n highest values of s at least gap apart (greedy), highest first."""
+    """Indices of n lags of s, highest first: its local maxima (not the shoulders of one broad peak), then, if
+    fewer, the highest other values; all at least gap apart (greedy)."""
+    inner = np.r_[True, s[1:] >= s[:-1]] & np.r_[s[:-1] >= s[1:], True]  # (L,) at least both neighbours
     order = np.argsort(-s, kind="stable")
     picked: list[int] = []
-    for k in order:
+    for k in (*order[inner[order]], *order[~inner[order]]):
         if all(abs(int(k) - q) >= gap for q in picked):
             picked.append(int(k))
             if len(picked) == n:
@@ -186,7 +188,7 @@ def lag_scan(
         if force is None
         else np.asarray(force, bool) | (scaled > chi2.isf(0.01 / independent_lags, N_BASIS**2))
     )
-    # the network on each pair's highest separated scan peaks, one batch
+    # the network on each pair's highest scan peaks, one batch
     cand = np.stack([_peaks(s[q], candidates, 3) for q in range(p)]) if p else np.zeros((0, candidates), np.int64)
     m = cand.shape[1]
     mi = np.full((p, m), np.nan)

@@ -26,8 +26,8 @@ misread a message.
 | *event:*       |                             |                                                                    |
 | `pair`         | `[str, str]`                | the two channels                                                   |
 | `change`       | str                         | `"rise"`, `"fall"`, `"became-[in]dependent"` or `"lag-shift"`      |
-| `previous`     | float                       | last reported MI of the pair, nats                                 |
-| `current`      | float                       | MI now, nats                                                       |
+| `previous`     | float                       | last reported MI of the pair, nats (lag-shift: at the old lag)     |
+| `current`      | float                       | MI now, nats (lag-shift: at the new lag)                           |
 | `initial`      | bool (opt.; absent: false)  | `became-dependent` at the pair's first assessment, not an onset    |
 | `onset_t_ns`   | int or nil (opt.)           | estimated start of the change, stream ns; nil: no estimate         |
 | `path`         | str (opt.; absent: window)  | which detector saw it: `"window"` estimate or `"fast"` path        |
@@ -41,9 +41,9 @@ little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``
 is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an optional key, so `v`
 stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
 screen this hop, not a network estimate. `dependent` (``"|u1"``, 0/1: a cell with MI and 0 is not significant)
-and `n_eff` are optional too, and left out (`n_eff` first) of a snapshot they would push past the size limit:
-(`lag_s` and `mi_lag`, from publishers with ``lags.max_s`` set, likewise, before them)
-`n_eff` above about 1,900 channels, `dependent` only near 2,048 channels with names of kilobytes.
+and `n_eff` are optional too, as are `lag_s` and `mi_lag` (publishers with ``lags.max_s`` set); the four are left
+out, the last first, of a snapshot they would push past the size limit: `mi_lag` above about 1,600 channels,
+`lag_s` above 1,750, `n_eff` above 1,900, `dependent` only near 2,048 channels with names of kilobytes.
 (``Snapshot.network_age_s``, the age of each pair's last network estimate, stays in-process: with it a
 2,048-channel snapshot would pass the limit.) A `seq` lower than the last one seen means the publisher
 restarted. Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
