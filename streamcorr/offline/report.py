@@ -103,7 +103,8 @@ def _page(
         parts.append(_matrix_html(tk, t_ns, pair_of, pairs, mi, dep, n_eff, channels, vmax, t0))
     parts.append("</div>" + _legend(vmax, judged))
     parts.append(f"<h2>MI over time</h2><p class='note'>The {len(strongest)} strongest pairs (largest MI in the "
-                 f"replay) and every pair with events ({len(event_pairs)}); event markers: "
+                 f"replay) and every pair with MI events ({len(event_pairs)}; lag shifts: in the lag plots); "
+                 "event markers: "
                  + " ".join(f"<span style='color:{c}'>&#9679; {k}</span>" for k, c in list(_KIND_COLOR.items())[:4])
                  + "; hollow: initial (dependent from the pair's first assessment, not an onset)"
                  + ("; the band under a line: hops where the pair was dependent" if judged else "")
@@ -291,10 +292,9 @@ def _line_svg(
     sig = ""
     if known.any():  # the share of judged hops, and n_eff at the last hop that had one
         sig = f", dependent in {100 * float(np.mean(dep[known] == 1)):.0f}% of hops"
-        last = n_eff[np.isfinite(n_eff)]
-        sig += f", n_eff {last[-1]:.0f}" if len(last) else ""
+        sig += f", n_eff {n_eff[np.isfinite(n_eff)][-1]:.0f}" if np.isfinite(n_eff).any() else ""
     return (f"<figure class='line'><figcaption style='color:{color}'>{name} <span class='note'>peak "
-            f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} events{sig}</span>"
+            f"{np.nanmax(mi) if np.isfinite(mi).any() else float('nan'):.3f} nats, {len(events)} MI events{sig}</span>"
             f"</figcaption><svg viewBox='0 0 {_W} {_H}' width='{_W}' height='{_H}' role='img' aria-label='{name}'>"
             f"{axis}{band}{lines}{onsets}{marks}</svg></figure>")  # fmt: skip
 
