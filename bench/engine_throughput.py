@@ -196,7 +196,7 @@ def _scaling_row(n_ch: int, window: int, screening: str, hops: int, cap: int | N
     hop_s, st = times[k], stages[k]
     extrapolated = cap is not None and screening == "off" and network[k] < n_pairs
     if extrapolated:  # per-pair stages scale with the pair count, the rest does not
-        per_pair = st.get("histograms", 0.0) + st.get("model", 0.0)
+        per_pair = st.get("model", 0.0)  # the pair histograms and the network
         hop_s = hop_s - per_pair + per_pair * n_pairs / max(1, network[k])
     row = {"channels": n_ch, "window_len": window, "screening": screening, "pairs": n_pairs,
            "hop_s": hop_s, "extrapolated": extrapolated,
@@ -224,7 +224,8 @@ def scaling(args: argparse.Namespace) -> None:
         "of 4 hops, 2 at >= 256 channels)\n",
         "Screening on: every pair is assessed by the screen each hop and the network runs on the budget "
         "(0.8 x hop x the measured model pairs/s). Off at >= 256 channels: one hop of 8,160 pairs measured, the "
-        "per-pair stages (histograms, model) scaled to all pairs (marked *). Coupled pairs found: the share of "
+        "per-pair stage (model: the pair histograms and the network) scaled to all pairs (marked *). Coupled pairs "
+        "found: the share of "
         "the pairs inside the coupled groups of four whose cell holds a network estimate >= min_effect after the "
         "hops (off at >= 256 channels: only 8,160 pairs a hop, so most are not reached). The machine is shared; "
         "the 1-min load average at each row is listed.\n",

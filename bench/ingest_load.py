@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from streamcorr.counters import flat_counters
+
 from .common import environment, rss_mb, write_results
 
 ZMQ_CHANNELS, ZMQ_SAMPLES_PER_MSG, ZMQ_MSG_RATE = 64, 100, 20.0
@@ -253,7 +255,12 @@ async def _drive(
             "samples_per_s": (pub["samples"] - tail_msgs * samples_per_msg) / pub["elapsed_s"],
             "cpu_pct": 100 * pub["cpu_s"] / pub["elapsed_s"],
         },
-        "ingest": c.as_dict(),
+        "ingest": {
+            **flat_counters(c),
+            "drops": dict(c.drops),
+            "dropped": c.dropped,
+            "samples_rejected": c.samples_rejected,
+        },
         "engine_rejects": engine_rejects,
         "lost_messages": lost(),
         "ledger_messages_ok": ledger_msgs,

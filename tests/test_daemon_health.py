@@ -121,6 +121,7 @@ def test_every_loss_is_a_metric_and_a_status_counter_and_the_will_is_no_restart(
     assert counters["mqtt0.samples_accepted"] > 0 and counters["output.mqtt.sent.snapshot"] > 0
     assert "output.mqtt.dropped.snapshot" in counters and "output.mqtt.errors.snapshot" in counters
     assert "output.web.clients_rejected" in counters and "http.header_timeouts" in counters
+    assert counters["hops"] > 0 and 0 < counters["last_hop_s"] < 30  # the newest hop's wall time, seconds
 
     async def late() -> Any:
         async with Subscriber(f"mqtt://{host}:{port}", prefix=f"{prefix}/out") as late_sub:

@@ -295,7 +295,7 @@ def status_counters(d: DaemonView) -> dict[str, float]:
         ec = engine.counters
         out.update(channels=len(engine.channels), hops=ec.hops, hops_skipped=ec.hops_skipped,
                    pairs_evaluated=ec.pairs_evaluated, channels_retired=ec.channels_retired,
-                   channels_reanchored=ec.channels_reanchored)  # fmt: skip
+                   channels_reanchored=ec.channels_reanchored, last_hop_s=round(ec.last_hop_s, 4))  # fmt: skip
         drops = engine.sample_drops()
         for field, n in flat_counters(ec).items():
             if field not in {*_ENGINE_SHOWN, *drops} and "." not in field:

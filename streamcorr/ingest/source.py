@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -89,13 +89,6 @@ class IngestCounters:
     def samples_rejected(self) -> int:
         """Handed to the sink but not accepted by it (the engine says why in its own counters)."""
         return self.samples_handed - self.samples_accepted
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in vars(self).items() if k != "drops"}
-        out["drops"] = dict(self.drops)
-        out["dropped"] = self.dropped
-        out["samples_rejected"] = self.samples_rejected
-        return out
 
 
 class ArrivalClock:
