@@ -31,7 +31,8 @@ __all__ = ["MqttSource"]
 log = logging.getLogger("streamcorr.ingest.mqtt")
 
 _BATCH_MAX = 1000  # messages decoded before the sink is called (only reached while behind)
-_BATCH_S = 0.01  # longest a batch keeps gathering
+_BATCH_S = 0.05  # a batch gathers this long: each channel's samples reach the engine in one push, not one by one
+_POLL_S = 0.005  # how often a gathering batch looks at the queue
 
 
 def _message_bytes(message: aiomqtt.Message) -> int:
@@ -133,19 +134,20 @@ class MqttSource:
     async def _consume(self, client: aiomqtt.Client) -> None:
         loop = asyncio.get_running_loop()
         async for message in client.messages:
-            # Micro-batching: keep taking messages while more arrive within a loop turn (a backlog), then
-            # call the sink once per channel; when messages trickle in, each is delivered at once.
+            # Micro-batching: gather messages for _BATCH_S (or _BATCH_MAX of them), then call the sink once per
+            # channel: one message per reading costs one numpy push per channel and batch, not per message. A sample
+            # reaches the engine at most _BATCH_S late, well within a hop.
             batches = self._decode(message)
             deadline, taken = loop.time() + _BATCH_S, 1
             queue = self._queue
             try:
                 while queue is not None and taken < _BATCH_MAX:
                     if queue.empty():
-                        if loop.time() > deadline:
+                        left = deadline - loop.time()
+                        if left <= 0:
                             break
-                        await asyncio.sleep(0)  # one turn for the socket reader
-                        if queue.empty():
-                            break
+                        await asyncio.sleep(min(left, _POLL_S))  # the socket reader fills the queue meanwhile
+                        continue
                     batches += self._decode(queue.get_nowait())
                     taken += 1
             finally:  # cancelled or disconnected meanwhile: what was decoded is still delivered
