@@ -106,6 +106,32 @@ def test_mosquitto_pub_reaches_engine(mqtt_broker):
     asyncio.run(main())
 
 
+def test_a_burst_read_in_large_chunks_arrives_whole_and_in_order(mqtt_broker):
+    """3,000 messages published at once by mosquitto_pub reach the sink in order, each sample once, and the last
+    ones without waiting for more traffic: the source reads the socket in large chunks and handles every packet
+    already read in the same turn."""
+    rng = np.random.default_rng(31)
+    host, port = mqtt_broker
+    topic = f"streamcorr-test/{uuid.uuid4().hex}/dev"
+    values = rng.standard_normal(3000)
+    lines = [json.dumps({"t": 1.0 + k / 100, "v": values[k]}).encode() for k in range(3000)]
+
+    async def main() -> ListSink:
+        sink = ListSink()
+        src = MqttSource(settings=MqttConnection(host=host, port=port), topics=[topic],
+                         decoder=PayloadDecoder(channel_template="dev.{key}"), sink=sink)  # fmt: skip
+        task = asyncio.create_task(src.run())
+        await until(lambda: src.connected, what="connect and subscribe")
+        await mosquitto_pub(host, port, topic, lines)
+        await until(lambda: len(sink.samples) == 3000, what="all 3,000 messages", timeout_s=10)
+        await stop(task)
+        return sink
+
+    sink = asyncio.run(main())
+    assert [v for _, _, v in sink.samples] == values.tolist()
+    assert [t for _, t, _ in sink.samples] == pytest.approx([1.0 + k / 100 for k in range(3000)])
+
+
 def test_bare_numbers_and_malformed_from_mosquitto_pub(mqtt_broker):
     """Bare numbers get arrival times; malformed lines are counted by reason, not raised."""
     rng = np.random.default_rng(2)
