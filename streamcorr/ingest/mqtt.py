@@ -22,7 +22,7 @@ import aiomqtt
 
 from ..config import MqttConnection
 from ..errors import ConfigError
-from ..transport.mqtt import buffer_reads, check_settings, keep_connected, make_client
+from ..transport.mqtt import check_settings, keep_connected, make_client
 from .payload import PayloadDecoder
 from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
 
@@ -111,7 +111,7 @@ class MqttSource:
             counters=self.counters,
             log=log,
             name="MQTT source",
-            new_client=lambda: buffer_reads(make_client(self.settings, queue_type=self._queue_type())),
+            new_client=lambda: make_client(self.settings, queue_type=self._queue_type()),
         )
 
     async def _session(self, client: aiomqtt.Client) -> None:

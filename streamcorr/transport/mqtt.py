@@ -105,41 +105,6 @@ def make_client(
     )
 
 
-class _BufferedReads:
-    """Reads for one paho client: 64 KiB per recv instead of paho's byte-at-a-time packet headers, and every packet
-    already read handled in the same readiness callback (paho's loop_read handles one packet at QoS 0, so each
-    message would cost an event-loop turn and three or four system calls)."""
-
-    def __init__(self, paho: Any) -> None:
-        self._recv, self._loop_read = paho._sock_recv, paho.loop_read
-        self._buf, self._pos = b"", 0
-        paho._sock_recv, paho.loop_read = self.recv, self.loop_read
-        self._paho = paho
-
-    def recv(self, bufsize: int) -> bytes:
-        if self._pos >= len(self._buf):  # empty: one read of what the socket holds (BlockingIOError: nothing yet)
-            self._buf, self._pos = self._recv(1 << 16), 0
-            if not self._buf:
-                return b""  # closed
-        out = self._buf[self._pos : self._pos + bufsize]
-        self._pos += len(out)
-        return out
-
-    def loop_read(self, max_packets: int = 1) -> Any:
-        rc = self._loop_read(max_packets)
-        while rc == 0 and self._pos < len(self._buf) and self._paho._sock is not None:  # packets already read
-            rc = self._loop_read(max_packets)
-        return rc
-
-
-def buffer_reads(client: aiomqtt.Client) -> aiomqtt.Client:
-    """Give a receiving client buffered reads (see _BufferedReads); a paho without the hooks is left as it is."""
-    paho = getattr(client, "_client", None)
-    if paho is not None and callable(getattr(paho, "_sock_recv", None)) and callable(getattr(paho, "loop_read", None)):
-        _BufferedReads(paho)
-    return client
-
-
 def jittered_backoff(min_s: float, max_s: float, rng: random.Random | None = None) -> Iterator[float]:
     """Delays before reconnect attempts: exponential up to max_s, each drawn uniformly in [d/2, d].
 
