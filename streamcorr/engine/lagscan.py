@@ -63,7 +63,6 @@ class LagScan:
     lag: np.ndarray  # (P,) best lag, sub-sample, age-corrected; NaN where not significant
     best: np.ndarray  # (P,) the same before the significance test (NaN where not evaluated)
     mi: np.ndarray  # (P,) nats: network MI at the best integer lag (NaN where not evaluated)
-    mi_zero: np.ndarray  # (P,) nats: network MI at lag 0 when it was a candidate, else NaN
     threshold: np.ndarray  # (P,) nats: the max-over-lags null the MI had to clear
     significant: np.ndarray  # (P,) bool
     curve: np.ndarray  # (P, 2K + 1) float32: the scan's small-dependence MI figure at lags -K..K, nats
@@ -201,8 +200,6 @@ def lag_scan(
     rows = np.arange(p)
     k_best = cand[rows, pick]  # index into -K..K
     mi_best = mi[rows, pick]
-    zero = cand == max_lag
-    mi_zero = np.where(zero.any(axis=1), np.where(zero, np.nan_to_num(mi, nan=-np.inf), -np.inf).max(axis=1), np.nan)
     # sub-sample: the parabola through S at the peak and its neighbours, where it is a local maximum inside
     best = k_best.astype(np.float64) - max_lag
     inner = (k_best > 0) & (k_best < width - 1)
@@ -234,5 +231,5 @@ def lag_scan(
         threshold[smooth] = np.maximum(np.maximum(hi, white), min_effect)
     significant = go & (mi_best > threshold)
     best[~go] = np.nan
-    return LagScan(np.where(significant, best, np.nan), best, mi_best, mi_zero, threshold, significant, curve,
+    return LagScan(np.where(significant, best, np.nan), best, mi_best, threshold, significant, curve,
                    n_eff, cand - max_lag, mi, int(rows_go.size * m + smooth.size * surrogates))  # fmt: skip
