@@ -23,7 +23,7 @@ BROKER = ("127.0.0.1", 1883)
 
 # The network's ahead-of-time package (streamcorr.estimate.aot) is built once per machine in a background process; a
 # test run would start that 30-s build beside timing-sensitive tests. Tests run the eager network (results agree within
-# 1e-5 nats); tests/test_aot.py builds and checks the package itself. Daemons started by tests inherit this.
+# 1e-5 nats); tests/estimate/test_aot.py builds and checks the package itself. Daemons started by tests inherit this.
 os.environ.setdefault("STREAMCORR_AOT", "0")
 
 # Calibrations the suite measures go to a cache of this run (hermetic: nothing read from or written to the user's

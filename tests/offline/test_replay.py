@@ -27,7 +27,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 RATE = 10.0
 # the README's screenshot is refreshed on request (STREAMCORR_SCREENSHOT=1), so test runs leave the tree clean
-REPORT_SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "replay_report.png"
+REPORT_SCREENSHOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "replay_report.png"
 CHANNELS = ["a", "b", "c"]
 
 

@@ -70,7 +70,7 @@ def test_a_built_wheel_holds_each_weights_file_itself(tmp_path):
     import zipfile
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):

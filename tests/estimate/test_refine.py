@@ -10,9 +10,8 @@ from streamcorr.config import EstimatorConfig
 from streamcorr.engine.settings import estimator_kwargs
 from streamcorr.errors import InputError
 from streamcorr.estimate.copula import quantile_slabs
+from tests import naive
 from training.tasks import uniform_noise_mi
-
-from . import naive
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,7 @@ from hypothesis.extra.numpy import arrays
 
 from streamcorr.errors import InputError
 from streamcorr.estimate.copula import _radix_argsort, marginal_histograms, pair_histograms, rank_transform
-
-from .naive import jittered_ranks, linear_binned_hist, midranks
+from tests.naive import jittered_ranks, linear_binned_hist, midranks
 
 # Small integer-valued floats make ties frequent, as with quantised sensors.
 tied_rows = arrays(np.float64, st.integers(1, 60), elements=st.integers(-5, 5).map(float))

@@ -3,8 +3,7 @@ import pytest
 import torch
 
 from streamcorr.estimate.model import InfoNet, InfoNetConfig, dv_readout, input_features, log_mean_exp, unrolled_mlp
-
-from .naive import bilinear, linear_binned_hist
+from tests.naive import bilinear, linear_binned_hist
 
 
 def _discrete(p: np.ndarray) -> tuple[torch.Tensor, ...]:

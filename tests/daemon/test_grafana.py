@@ -20,7 +20,7 @@ from streamcorr.config import parse_config
 from streamcorr.daemon.service import Daemon
 from tests.brokers import free_port
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DASHBOARD = EXAMPLES / "grafana_dashboard.json"
 RULES = EXAMPLES / "prometheus" / "streamcorr.rules.yml"
 

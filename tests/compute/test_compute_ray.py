@@ -41,7 +41,7 @@ from streamcorr.estimate.copula import rank_transform
 from streamcorr.estimate.estimator import Estimator
 from tests.brokers import free_port, http_metrics, metric_sum
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHANNELS, WINDOW = 64, 128
 TOL = 1e-6  # the same weights, device and code on both sides; tiles only change the model's batch composition
 

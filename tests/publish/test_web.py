@@ -27,7 +27,7 @@ from streamcorr.publish.sinks import Sink
 from streamcorr.publish.web import EVENT_QUEUE_LEN, WebView
 
 # the README's screenshot is refreshed on request (STREAMCORR_SCREENSHOT=1), so test runs leave the tree clean
-SCREENSHOT = Path(__file__).resolve().parents[1] / "bench" / "results" / "web_view.png"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "bench" / "results" / "web_view.png"
 T = TypeVar("T")
 
 

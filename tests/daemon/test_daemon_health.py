@@ -313,7 +313,7 @@ def test_standalone_web_view_closes_half_sent_requests():
     assert closed == b"" and code == 200
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _docs_probes() -> dict[str, Any]:

@@ -12,8 +12,7 @@ from streamcorr.engine.lagscan import lag_scan, lag_windows, scan_statistic
 from streamcorr.engine.screen import sketch
 from streamcorr.errors import InputError
 from streamcorr.estimate.copula import rank_transform
-
-from . import naive
+from tests import naive
 
 RATE = 100.0
 T0 = 1_765_000_000.0

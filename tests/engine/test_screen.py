@@ -15,8 +15,7 @@ from streamcorr.engine.screen import ScreenCalibration, Screener, pair_statistic
 from streamcorr.errors import ConfigError
 from streamcorr.estimate.copula import rank_transform
 from streamcorr.publish.envelope import decode_message, encode_snapshot
-
-from . import naive
+from tests import naive
 
 SEC = 1_000_000_000
 
