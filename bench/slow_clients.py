@@ -17,7 +17,7 @@ The table gives RSS before the clients came, its peak while they were stuck, at 
 the timeline of every sample is in the JSON file. Here, in a process with nothing else on its heap, even the
 old path's memory comes back after the clients leave (glibc returns the freed buffers); in the daemon of
 issue 29's report, whose heap the engine shares, it did not, which the trim on a subscriber's leaving covers
-(``tests/test_output_bounds.py`` checks it with zero-copy buffers, which glibc keeps).
+(``tests/publish/test_output_bounds.py`` checks it with zero-copy buffers, which glibc keeps).
 """
 
 from __future__ import annotations

@@ -95,6 +95,15 @@ def test_the_stages_are_the_subpackages():
     assert found == set(STAGES) - {""}
 
 
+def test_the_tests_mirror_the_package():
+    """A test module lives in the folder of the stage it tests (tests/engine/ for streamcorr/engine/), or at the
+    top when it checks the repository as a whole; bench/ and training/ have their own folders."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders <= (set(STAGES) - {""}) | {"bench", "training"}, sorted(folders)
+    assert not list(tests.glob("*/*/test_*.py")), "one folder level per stage"
+
+
 def test_nothing_imports_from_a_later_stage():
     """Data moves one way: no module imports from a stage after its own (the package's lazy public API, which
     names every stage, is the one exception)."""
@@ -197,7 +206,7 @@ def test_the_architecture_page_names_every_module():
     gen = hooks()
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     prose = page.split("<!-- generate: modules -->", 1)[0]
-    named = set(re.findall(r"`(?:streamcorr/)?([\w/]+\.py)", prose)) - {"tests/test_architecture.py"}
+    named = {n for n in re.findall(r"`(?:streamcorr/)?([\w/]+\.py)", prose) if not n.startswith("tests/")}
     names = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
     for short in named:  # "transport/zmq.py" or "buffers.py" name the package's module of that path
         found = [n for n in names if n == short or n.endswith("/" + short)]

@@ -16,7 +16,7 @@ Per hop:
 
 Nothing waits without a bound and no cell gets a value from another window or another model (each worker's
 weights fingerprint must equal the head's). Each worker loads the model once (``Estimator`` on its own
-device), so for the same device results equal the local backend's (tests/test_compute_ray.py: within 1e-6).
+device), so for the same device results equal the local backend's (tests/compute/test_compute_ray.py: within 1e-6).
 Counters (``counters()``) are exported on ``/metrics`` as ``streamcorr_compute_*``.
 """
 

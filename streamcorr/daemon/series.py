@@ -1,6 +1,6 @@
 """The /metrics series read from a counters ledger, declared once: for each ledger entry, its series name and help
 text. A series is named here, never derived from a field's name, so renaming a field cannot rename a series;
-``tests/test_series.py`` checks that every numeric entry of every ledger has a line here (an entry without one
+``tests/daemon/test_series.py`` checks that every numeric entry of every ledger has a line here (an entry without one
 is not served).
 
 The series with labels (samples by source, drops by stage and reason, messages by output and stream, ...) and the

@@ -120,7 +120,7 @@ def _pairs(*ab: tuple[str, str]) -> tuple[Pair, ...]:
 
 
 # Times at script_scale=1. Which pairs change follows from the model; each list was checked against InfoNet
-# estimates on 512-sample windows of each regime (tests/test_demo_rig.py): became_* pairs cross from well below
+# estimates on 512-sample windows of each regime (tests/demo/test_demo_rig.py): became_* pairs cross from well below
 # the engine's thresholds to well above, or back; rises and falls move by more than 1 nat.
 _SCRIPT: tuple[dict[str, Any], ...] = (
     dict(
