@@ -303,9 +303,12 @@ def _run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon.service import Daemon
     from ..logutil import setup_logging
+    from ..publish.sinks import cap_heap_arenas
 
     cfg = load_config(args.config)
     setup_logging(cfg.logging)
+    if args.owns_process:
+        cap_heap_arenas()  # a long-lived process: bounded heap fragmentation (streamcorr.publish.sinks)
     daemon = Daemon(cfg)
     asyncio.run(daemon.run())
     # Everything is closed. Finalising the interpreter would take seconds (torch's and numba's objects), and under

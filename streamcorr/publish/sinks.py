@@ -122,6 +122,24 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+M_ARENA_MAX = -8  # glibc's mallopt() parameter number
+HEAP_ARENAS = 2
+
+
+def cap_heap_arenas(arenas: int = HEAP_ARENAS) -> bool:
+    """Let at most ``arenas`` glibc malloc arenas serve all threads (glibc's default: up to 8 per core).
+
+    glibc gives a thread that allocates under contention an arena of its own, and each arena keeps its own
+    fragmented free space, which ``malloc_trim`` cannot return: a daemon whose helper threads come and go
+    (reconnects, file writes, the hop's executor) grows its RSS with every new arena. Called once by
+    ``streamcorr run`` for its own process, never by the library. Returns False where there is no glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc (musl, macOS)
+        return False
+    return bool(mallopt(M_ARENA_MAX, arenas))
+
+
 def return_free_memory() -> bool:
     """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``); at most every ``TRIM_INTERVAL_S``.
 

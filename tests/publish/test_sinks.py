@@ -422,3 +422,40 @@ def test_envelope_bytes_on_the_wire_are_plain_msgpack(mqtt_broker, prefix):
     assert raw["v"] == 1 and raw["kind"] == "snapshot" and raw["channels"] == ["ch0", "ch1", "ch2"]
     mi = np.frombuffer(raw["mi"]["data"], dtype=raw["mi"]["dtype"]).reshape(raw["mi"]["shape"])
     np.testing.assert_array_equal(mi, snap.mi.astype(np.float32))
+
+
+_ARENAS = """
+import ctypes, os, sys, tempfile, threading
+import numpy as np
+from streamcorr.publish.sinks import cap_heap_arenas
+if sys.argv[1] == "cap":
+    assert cap_heap_arenas()
+def work():
+    for _ in range(200):
+        _ = [np.ones(5000) for _ in range(50)]
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc = ctypes.CDLL(None)
+libc.fdopen.restype = ctypes.c_void_p
+with tempfile.TemporaryFile() as f:
+    fp = ctypes.c_void_p(libc.fdopen(os.dup(f.fileno()), b"w"))
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    f.seek(0)
+    print(f.read().decode().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallopt"), reason="glibc only")
+def test_cap_heap_arenas_bounds_the_arenas_of_many_threads():
+    """With the cap (what `streamcorr run` sets for its process) eight allocating threads share two glibc arenas;
+    without it each gets its own, which keeps its own fragmented free space."""
+    arenas = {
+        how: int(subprocess.run([sys.executable, "-c", _ARENAS, how], capture_output=True, text=True, check=True,
+                                timeout=120).stdout.split()[-1])
+        for how in ("cap", "default")
+    }  # fmt: skip
+    assert arenas["cap"] <= 2 < arenas["default"], arenas
