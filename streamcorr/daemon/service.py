@@ -421,20 +421,20 @@ class Daemon:
                 await asyncio.wait_for(engine.drained(), timeout=SHUTDOWN_SINK_S)
             await _cancel([self._forwarder])
             await engine.stop(timeout_s=SHUTDOWN_FLUSH_S)
-            for guard in self.outputs:  # the last snapshot again, then "offline" (retained on MQTT)
+            for guard in self.outputs:  # the last snapshot if not yet sent, then "offline" (retained on MQTT)
                 try:
-                    await asyncio.wait_for(self._goodbye(guard.sink, engine.latest), timeout=SHUTDOWN_SINK_S)
+                    await asyncio.wait_for(self._goodbye(guard, engine.latest), timeout=SHUTDOWN_SINK_S)
                 except TimeoutError:
                     log.warning("output %s did not close within %.0f s", guard.name, SHUTDOWN_SINK_S)
                 except Exception:
                     log.exception("output %s failed to close cleanly", guard.name)
 
     @staticmethod
-    async def _goodbye(sink: Sink, latest: Snapshot | None) -> None:
-        if latest is not None:
+    async def _goodbye(guard: SinkGuard, latest: Snapshot | None) -> None:
+        if (latest := guard.unsent(latest)) is not None:
             with contextlib.suppress(StreamcorrError):  # unencodable: counted by the sink; the goodbye still goes
-                await sink.publish_snapshot(latest)
-        await sink.stop()
+                await guard.sink.publish_snapshot(latest)
+        await guard.sink.stop()
 
     def _source_done(self, name: str, task: asyncio.Task[Any]) -> None:
         # sources retry broker loss themselves; one that returns or raises cannot go on (a port in use, say)

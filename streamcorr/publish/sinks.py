@@ -223,8 +223,14 @@ class SinkGuard:
         self.name, self.sink = name, sink
         self.errors: dict[str, int] = {"snapshot": 0, "event": 0, "status": 0}
         self.last_snapshot_failed = False
+        self.last_snapshot: Snapshot | None = None  # the newest handed to the output (its goodbye skips it)
+
+    def unsent(self, snap: Snapshot | None) -> Snapshot | None:
+        """snap, unless it is the newest snapshot already handed to this output (a goodbye sends no duplicate)."""
+        return None if snap is self.last_snapshot else snap
 
     async def publish_snapshot(self, snap: Snapshot) -> None:
+        self.last_snapshot = snap
         try:
             await self.sink.publish_snapshot(snap)
         except Exception:

@@ -26,6 +26,7 @@ from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port, pearson_blind_rig
+from tests.helpers import daemon_process
 
 RATE = 10.0
 CHANNELS = ["a", "b", "c"]
@@ -346,3 +347,50 @@ def test_a_source_that_cannot_start_stops_the_daemon_with_its_error():
             asyncio.run(main())
     finally:
         taken.close(linger=0)
+
+
+def test_sigterm_sends_no_second_copy_of_the_last_snapshot(tmp_path):
+    """A plain ZeroMQ SUB client that reads a daemon through SIGTERM gets each window once: the goodbye sends the
+    newest snapshot only when the forwarder had not sent it yet."""
+    rng = np.random.default_rng(8117)
+    rate, n = 50.0, 50 * 15
+    p_in, p_out = free_port(), free_port()
+    cfg = {
+        "version": 1,
+        "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
+                     "channel_template": "{key}"}],
+        "channels": {"names": ["a", "b"], "rate_hz": rate},
+        "window": {"samples": 256, "hop_s": 1.0, "skip_stale_hops": False},
+        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}"}},
+        "http": {"port": 0},
+        "logging": {"format": "text"},
+    }  # fmt: skip
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"streamcorr/snapshot")
+    sub.connect(f"tcp://127.0.0.1:{p_out}")
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(f"tcp://127.0.0.1:{p_in}")
+    a = rng.standard_normal(n)
+    b = a + rng.standard_normal(n)
+    t_end = time.time()
+    t = t_end - (n - np.arange(n)) / rate
+    windows: list[int] = []
+    with daemon_process(tmp_path, cfg) as proc:
+        for k in range(0, n, 50):
+            push.send_multipart([b"rig", msgpack.packb({"t": t[k : k + 50].tolist(),
+                                 "channels": {"a": a[k : k + 50].tolist(), "b": b[k : k + 50].tolist()}})])  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not windows or windows[-1] < int((t_end - 1.5) * 1e9):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.log_path.read_text()[-2000:]
+            if sub.poll(1000):
+                windows.append(msgpack.unpackb(sub.recv_multipart()[1], raw=False)["t_ns"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.log_path.read_text()[-2000:]
+        while sub.poll(1000):  # whatever the daemon sent on its way out
+            windows.append(msgpack.unpackb(sub.recv_multipart()[1], raw=False)["t_ns"])
+    sub.close()
+    push.close()
+    assert len(windows) >= 3 and len(set(windows)) == len(windows), windows
