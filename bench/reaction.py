@@ -197,20 +197,9 @@ def cost(channels: int, dependent: bool, hops: int) -> dict[str, float]:
 def demo_rig(fast: bool) -> dict[str, Any]:
     """The demo rig's script (streamcorr.demo.check_script: joint lock, fan failure, cable fault; demo settings)
     with the fast path on or off: each expected event's delay after its scripted change, misses, false events."""
-    import streamcorr.demo as demo
+    from streamcorr.demo import check_script
 
-    make = demo.demo_config
-
-    def config(*args: Any, **kw: Any) -> EngineConfig:
-        cfg = make(*args, **kw)
-        cfg.fast = fast
-        return cfg
-
-    demo.demo_config = config  # type: ignore[assignment]
-    try:
-        check = demo.check_script(0)
-    finally:
-        demo.demo_config = make  # type: ignore[assignment]
+    check = check_script(0, fast=fast)
     return {"delays_s": {f"{a}~{b} {kind}": d for (a, b), kind, d in
                          sorted(((p, k, d) for (p, k), d in check.delays_s.items()), key=lambda x: x[2])},
             "missing": len(check.missing), "false_events": len(check.false_events),

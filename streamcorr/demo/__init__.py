@@ -130,8 +130,10 @@ def check_script(
     duration_s: float | None = None,
     delta: float = DEMO_DELTA,
     estimator: Any = None,
+    **overrides: Any,
 ) -> ScriptCheck:
-    """Replay the rig through a real Engine (demo settings) and compare the events with the script.
+    """Replay the rig through a real Engine (demo settings, with ``overrides`` of EngineConfig fields) and compare
+    the events with the script.
 
     duration_s defaults to the last scripted change plus 40 s at script_scale=1.
     """
@@ -142,7 +144,7 @@ def check_script(
     duration = duration_s if duration_s is not None else rig.script[-1].t_s + 40.0 * script_scale
     if duration <= 0:
         raise ConfigError(f"duration_s must be > 0; got {duration}")
-    cfg = demo_config(rig, delta=delta, skip_stale_hops=False, queue_size=100_000)
+    cfg = demo_config(rig, **({"delta": delta, "skip_stale_hops": False, "queue_size": 100_000} | overrides))
     engine = Engine(cfg, estimator or default_estimator())
 
     async def run() -> list[ChangeEvent]:
