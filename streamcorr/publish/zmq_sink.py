@@ -238,7 +238,13 @@ class ZmqPublisher:
             self.endpoint = attach(pub, self.endpoint, bind=self.bind, what="ZeroMQ publisher")
             if self.snapshot_endpoint is not None:
                 rep = make_socket(ctx, zmq.REP, max_message_bytes=MAX_REQUEST_BYTES)
-                self.snapshot_endpoint = attach(rep, self.snapshot_endpoint, bind=True, what="late-joiner cache")
+                self.snapshot_endpoint = attach(
+                    rep,
+                    self.snapshot_endpoint,
+                    bind=True,
+                    what="late-joiner cache: choose a free port with "
+                    "outputs.zmq.snapshot_endpoint, or null to turn it off",
+                )
         except ConfigError:
             pub.close(0)
             if rep is not None:

@@ -135,6 +135,11 @@ def test_zmq_stop_sends_offline_and_a_taken_port_is_a_config_error():
         await zmq_handshake(pub, sock)
         with pytest.raises(ConfigError, match="in use"):
             await ZmqPublisher(endpoint=pub.endpoint, snapshot_endpoint=None, context=ctx).start()
+        taken = ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=ANY_PORT, context=ctx)
+        await taken.start()  # a second daemon's late-joiner socket on the same port: the error names the key
+        with pytest.raises(ConfigError, match=r"outputs\.zmq\.snapshot_endpoint.*in use"):
+            await ZmqPublisher(endpoint=ANY_PORT, snapshot_endpoint=taken.snapshot_endpoint, context=ctx).start()
+        await taken.stop()
         await pub.stop()
         assert pub.problem() == "stopped"
         frames = await asyncio.wait_for(sock.recv_multipart(), 5)
