@@ -289,9 +289,9 @@ def _check(args: argparse.Namespace) -> int:
     if (rec := cfg.outputs.record) is not None:
         print(f"  record: {rec.directory} (writable), a new file every {rec.rotate_s:g} s, "
               f"at most {rec.max_bytes:,} bytes")  # fmt: skip
-    outs = [name for name in ("zmq", "mqtt", "record") if getattr(cfg.outputs, name) is not None]
+    outs = [name for name in ("mqtt", "record") if getattr(cfg.outputs, name) is not None]
     if (z := cfg.outputs.zmq) is not None:  # both sockets bind: a second daemon on this host needs other ports
-        outs[0] = f"zmq ({z.endpoint}, late joiners {z.snapshot_endpoint or 'off'})"
+        outs.insert(0, f"zmq ({z.endpoint}, late joiners {z.snapshot_endpoint or 'off'})")
     http = f"{cfg.http.host}:{cfg.http.port}" if cfg.http.enabled else "off"
     web = ", web view" if cfg.http.web else ""
     print(f"  outputs: {', '.join(outs) or 'none'}; http (/metrics, /healthz{web}): {http}")

@@ -115,10 +115,11 @@ _last_trim = -math.inf
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name`` in this process, None where there is none (musl, macOS)."""
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):  # not glibc (musl, macOS): nothing to call
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError):
         return None
 
 
@@ -133,11 +134,8 @@ def cap_heap_arenas(arenas: int = HEAP_ARENAS) -> bool:
     fragmented free space, which ``malloc_trim`` cannot return: a daemon whose helper threads come and go
     (reconnects, file writes, the hop's executor) grows its RSS with every new arena. Called once by
     ``streamcorr run`` for its own process, never by the library. Returns False where there is no glibc."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):  # not glibc (musl, macOS)
-        return False
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def return_free_memory() -> bool:
@@ -147,7 +145,7 @@ def return_free_memory() -> bool:
     pages of its heap (counted in RSS) until asked, so without it the process would stay at its peak. Returns
     True when it trimmed (False: too soon, or no glibc)."""
     global _last_trim
-    trim = _malloc_trim()
+    trim = _glibc("malloc_trim")
     now = time.monotonic()
     if trim is None or now - _last_trim < TRIM_INTERVAL_S:
         return False

@@ -26,7 +26,7 @@ from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port, pearson_blind_rig
-from tests.helpers import daemon_process
+from tests.helpers import daemon_process, zmq_fed_daemon
 
 RATE = 10.0
 CHANNELS = ["a", "b", "c"]
@@ -354,25 +354,7 @@ def test_sigterm_sends_no_second_copy_of_the_last_snapshot(tmp_path):
     newest snapshot only when the forwarder had not sent it yet."""
     rng = np.random.default_rng(8117)
     rate, n = 50.0, 50 * 15
-    p_in, p_out = free_port(), free_port()
-    cfg = {
-        "version": 1,
-        "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
-                     "channel_template": "{key}"}],
-        "channels": {"names": ["a", "b"], "rate_hz": rate},
-        "window": {"samples": 256, "hop_s": 1.0, "skip_stale_hops": False},
-        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}"}},
-        "http": {"port": 0},
-        "logging": {"format": "text"},
-    }  # fmt: skip
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"streamcorr/snapshot")
-    sub.connect(f"tcp://127.0.0.1:{p_out}")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(f"tcp://127.0.0.1:{p_in}")
+    cfg, push, sub = zmq_fed_daemon(["a", "b"], rate)
     a = rng.standard_normal(n)
     b = a + rng.standard_normal(n)
     t_end = time.time()

@@ -188,36 +188,15 @@ def test_daemon_publishes_lags_to_a_plain_zmq_client(tmp_path):
     import time
 
     import msgpack
-    import zmq
 
-    from tests.brokers import free_port
-    from tests.helpers import daemon_process
+    from tests.helpers import daemon_process, zmq_fed_daemon
 
     rng = np.random.default_rng(6061)
     rate, n = 50.0, 50 * 20
     a = rng.standard_normal(n)
     b = np.square(_delayed(a, 9.0)) + 0.3 * rng.standard_normal(n)  # b follows a by 0.18 s
     c = _smooth(rng, n, 0.9)
-    p_in, p_out = free_port(), free_port()
-    cfg = {
-        "version": 1,
-        "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
-                     "channel_template": "{key}"}],
-        "channels": {"names": ["a", "b", "c"], "rate_hz": rate},
-        "window": {"samples": 256, "hop_s": 1.0, "skip_stale_hops": False},
-        "lags": {"max_s": 0.4, "refresh_s": 1.0},
-        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}"}},
-        "http": {"port": 0},
-        "logging": {"format": "text"},
-    }  # fmt: skip
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"streamcorr/snapshot")
-    sub.connect(f"tcp://127.0.0.1:{p_out}")
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    push.connect(f"tcp://127.0.0.1:{p_in}")
+    cfg, push, sub = zmq_fed_daemon(["a", "b", "c"], rate, lags={"max_s": 0.4, "refresh_s": 1.0})
     with daemon_process(tmp_path, cfg) as proc:
         t_end = time.time()
         t = t_end - (n - np.arange(n)) / rate  # the past 20 s, sent at once
