@@ -50,7 +50,7 @@ from ..estimate.significance import (
     max_lag,
     pair_n_eff,
     per_evaluation_rate,
-    prewhiten,
+    prewhiten_own_samples,
 )
 from ..estimate.surrogates import SurrogateNulls
 from ..logutil import RateLimitedLog
@@ -251,10 +251,10 @@ class Engine:
         hop.repeats = (hop.valid & ~hop.fresh).any(axis=1)  # (C,): channels that repeat a sample in the window
         self._last_window = (tuple(self.state.channels), raw)
         hop.raw = hop.window = raw
-        if self.est.prewhiten == "ar":  # innovations of every fully valid channel; they change with each fit
+        if self.est.prewhiten == "ar":  # innovations of every fully valid channel, each over its own samples
             hop.window = raw.copy()
             whole = hop.valid.all(axis=1)
-            hop.window[whole] = prewhiten(raw[whole])
+            hop.window[whole] = prewhiten_own_samples(raw[whole], hop.fresh[whole])
             for c in chans:
                 c.ranks_end_tick = None
         hop.chans = chans
