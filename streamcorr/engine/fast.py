@@ -176,8 +176,8 @@ class FastPath:
         for new, ks in groups.items():
             refs = [self._refs[keys[k]] for k in ks]
             sel = pairs[ks]
-            u = np.stack([ranks[a] for a in sel[:, 0]])[:, n - new :]  # (P, new)
-            v = np.stack([ranks[b] for b in sel[:, 1]])[:, n - new :]
+            u = np.stack([ranks[a][n - new :] for a in sel[:, 0]])  # (P, new): only the new samples are copied
+            v = np.stack([ranks[b][n - new :] for b in sel[:, 1]])
             e = evidence(np.stack([r.theta for r in refs]), np.array([r.log_z for r in refs]), u, v)  # (P, new)
             inc = np.array([r.allowance for r in refs])[:, None] - e
             inc[~(fresh[sel[:, 0], n - new :] | fresh[sel[:, 1], n - new :])] = 0.0  # a row both repeat: no news

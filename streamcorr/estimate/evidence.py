@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from ..errors import InputError
 from .copula import marginal_histograms, pair_histograms
@@ -73,15 +74,34 @@ def _log_z(theta: np.ndarray, qx: np.ndarray, qy: np.ndarray) -> np.ndarray:
 
 def evidence(theta: np.ndarray, log_z: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     """Evidence e (P, M) of samples (u[p, m], v[p, m]) in [0, 1] under pair p's table theta (P, G, G), log Z (P,)."""
+    theta = np.asarray(theta)
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    if theta.ndim != 3 or theta.shape[1] != theta.shape[2] or theta.shape[1] < 2:
+        raise InputError(f"theta must be (P, G, G) with G >= 2; got shape {theta.shape}")
+    if u.shape != v.shape or u.ndim != 2 or u.shape[0] != theta.shape[0]:
+        raise InputError(f"u and v must both be (P, M) with P = {theta.shape[0]}; got {u.shape} and {v.shape}")
+    log_z = np.broadcast_to(np.asarray(log_z, dtype=np.float64), (theta.shape[0],))
+    return _evidence(np.ascontiguousarray(theta, dtype=np.float32), np.ascontiguousarray(log_z),
+                     np.ascontiguousarray(u), np.ascontiguousarray(v))  # fmt: skip
+
+
+@njit(cache=True, parallel=True, nogil=True)
+def _evidence(theta: np.ndarray, log_z: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """theta read bilinearly between its nodes (as the histogram bins) at each sample, minus log Z (paper Eq. 1)."""
+    n_pairs, m = u.shape
     g = theta.shape[1] - 1
-    fu, fv = np.clip(u, 0.0, 1.0) * g, np.clip(v, 0.0, 1.0) * g  # (P, M) positions between nodes
-    iu = np.minimum(fu.astype(np.int64), g - 1)
-    iv = np.minimum(fv.astype(np.int64), g - 1)
-    a, b = fu - iu, fv - iv
-    p = np.arange(theta.shape[0])[:, None]
-    t = (theta[p, iu, iv] * (1 - a) * (1 - b) + theta[p, iu + 1, iv] * a * (1 - b)
-         + theta[p, iu, iv + 1] * (1 - a) * b + theta[p, iu + 1, iv + 1] * a * b)  # fmt: skip
-    return t - np.asarray(log_z)[:, None]
+    out = np.empty((n_pairs, m))
+    for p in prange(n_pairs):
+        t = theta[p]
+        for k in range(m):
+            fu = min(max(u[p, k], 0.0), 1.0) * g
+            fv = min(max(v[p, k], 0.0), 1.0) * g
+            i = min(int(fu), g - 1)
+            j = min(int(fv), g - 1)
+            a, b = fu - i, fv - j
+            out[p, k] = (t[i, j] * (1 - a) * (1 - b) + t[i + 1, j] * a * (1 - b)
+                         + t[i, j + 1] * (1 - a) * b + t[i + 1, j + 1] * a * b) - log_z[p]  # fmt: skip
+    return out
 
 
 def change_point(e: np.ndarray, rising: bool) -> np.ndarray:
