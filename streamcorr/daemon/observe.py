@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -144,8 +145,11 @@ class DaemonMetrics(Collector):
 
     def __init__(self, daemon: DaemonView) -> None:
         self.d = daemon
+        # the standard process_* series (resident memory, CPU seconds, open files), read from /proc at scrape time
+        self._process = ProcessCollector(registry=None)
 
     def collect(self) -> Iterator[Any]:
+        yield from self._process.collect()
         d = self.d
         ingested = CounterMetricFamily("streamcorr_samples_ingested", "Samples handed to the engine", labels=["source"])
         drops = CounterMetricFamily(

@@ -23,3 +23,28 @@ def test_lag_bench_quick(tmp_path):
     text = next(tmp_path.glob("lag*.md")).read_text()
     for words in ("Pearson cross-correlation", "KSG", "Independent pairs", "drifting lag", "Engine cost"):
         assert words in text, words
+
+
+def test_live_mqtt_config_parses_and_scoring_matches_events_to_the_script():
+    """bench.live_mqtt's daemon config is a valid streamcorr config with the fast path as asked, and its scoring
+    takes each expected event's first match after the scripted change, counting misses and stable-pair events."""
+    import yaml
+
+    from bench.live_mqtt import config, score
+    from streamcorr.config import parse_config
+    from streamcorr.demo.rig import Rig
+    from streamcorr.engine.changes import ChangeEvent
+
+    rig = Rig(0, 50.0)
+    cfg = parse_config(yaml.safe_load(config("p", "127.0.0.1", 1883, rig.channels, fast=False)))
+    assert cfg.changes.fast is False and cfg.window.samples == 512 and cfg.channels.names == list(rig.channels)
+    t0 = 1_800_000_000.0
+    change = rig.script[0]
+    (pair, kind), *_ = change.expected
+    hit = ChangeEvent(pair, 0.0, 0.5, int((t0 + change.t_s + 2.0) * 1e9), kind, path="fast")
+    early = ChangeEvent(pair, 0.0, 0.5, int((t0 + change.t_s - 5.0) * 1e9), kind)
+    stable = ChangeEvent(rig.stable_pairs()[0], 0.0, 0.5, int((t0 + 10) * 1e9), "became-dependent")
+    r = score(rig, [(t0 + change.t_s + 2.5, hit), (t0, early), (t0 + 10.5, stable)], t0)
+    first = r["expected"][0]
+    assert (first["stream_delay_s"], first["wall_delay_s"], first["path"]) == (2.0, 2.5, "fast")
+    assert r["missing"] == len(r["expected"]) - 1 and r["false_on_stable"] == 1 and r["fast_events"] == 1

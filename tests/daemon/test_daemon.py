@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,8 +259,8 @@ def test_broker_restart_daemon_reconnects_and_counts_the_gap(tmp_path):
 
 
 def test_run_command_serves_metrics_and_stops_cleanly_on_sigterm(mqtt_broker, tmp_path):
-    """`streamcorr run` serves /healthz and /metrics on loopback; SIGTERM publishes a last snapshot and a retained
-    "offline" status, and the process exits 0."""
+    """`streamcorr run` serves /healthz and /metrics (the process' resident memory among them) on loopback; SIGTERM
+    publishes a last snapshot and a retained "offline" status, and the process exits 0."""
     host, port = mqtt_broker
     prefix = f"sigterm-{uuid.uuid4().hex[:8]}"
     http_port = free_port()
@@ -300,6 +301,8 @@ def test_run_command_serves_metrics_and_stops_cleanly_on_sigterm(mqtt_broker, tm
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=2).read().decode()
         assert 'streamcorr_samples_ingested_total{source="mqtt0"} 600.0' in metrics
         assert "streamcorr_hop_seconds_bucket" in metrics and "streamcorr_queue_depth" in metrics
+        rss = re.search(r"^process_resident_memory_bytes (\S+)$", metrics, re.M)  # the daemon's own memory
+        assert rss is not None and float(rss.group(1)) > 50e6
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
