@@ -100,7 +100,9 @@ async def run_once(host: str, port: int, seed: int, fast: bool, startup_s: float
     duration = rig.script[-1].t_s + TAIL_S
     try:
         await asyncio.sleep(startup_s)  # the daemon loads the model and its (cached) calibrations
-        async with Subscriber(f"mqtt://{host}:{port}", prefix=f"{prefix}/out", late_join=False) as sub:
+        async with Subscriber(
+            f"mqtt://{host}:{port}", prefix=f"{prefix}/out", late_join=False, streams=("event",)
+        ) as sub:
 
             async def drain() -> None:
                 async for ev in sub.events():
