@@ -93,9 +93,10 @@ async def run_once(host: str, port: int, seed: int, fast: bool, startup_s: float
     prefix = f"live-{uuid.uuid4().hex[:8]}"
     tmp = Path(tempfile.mkdtemp(prefix="live_mqtt_"))
     (tmp / "config.yaml").write_text(config(prefix, host, port, rig.channels, fast))
+    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115  (closed below, after the daemon)
     daemon = subprocess.Popen(
         [sys.executable, "-c", "import sys; from streamcorr.cli.commands import main; sys.exit(main())", "run",
-         str(tmp / "config.yaml")], stderr=open(tmp / "daemon.log", "wb"))  # noqa: SIM115  # fmt: skip
+         str(tmp / "config.yaml")], stderr=log)  # fmt: skip
     received: list[tuple[float, Any]] = []
     duration = rig.script[-1].t_s + TAIL_S
     try:
@@ -118,8 +119,12 @@ async def run_once(host: str, port: int, seed: int, fast: bool, startup_s: float
                 await reader
     finally:
         daemon.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             daemon.wait(30)
+        except subprocess.TimeoutExpired:  # it must not run on beside the next setting's daemon
+            daemon.kill()
+            daemon.wait()
+        log.close()
     return score(rig, received, t0) | {"messages_sent": sent, "daemon_exit": daemon.returncode}
 
 
@@ -128,11 +133,13 @@ def score(rig: Rig, received: list[tuple[float, Any]], t0: float) -> dict[str, A
     on stable pairs (not counting a pair's initial verdict)."""
     stable = {frozenset(p) for p in rig.stable_pairs()}
     rows = []
-    for change in rig.script:
+    ends = [c.t_s for c in rig.script[1:]] + [float("inf")]
+    for change, end in zip(rig.script, ends, strict=True):
         at = t0 + change.t_s
-        for pair, kind in change.expected:
+        for pair, kind in change.expected:  # a match before the next scripted change
             hits = [(e.t_ns / 1e9 - at, wall - at, e.path) for wall, e in received
-                    if frozenset(e.pair) == frozenset(pair) and e.kind == kind and e.t_ns / 1e9 >= at]  # fmt: skip
+                    if frozenset(e.pair) == frozenset(pair) and e.kind == kind
+                    and at <= e.t_ns / 1e9 < t0 + end]  # fmt: skip
             first = min(hits, default=None)
             rows.append({"change": change.name, "pair": list(pair), "kind": kind,
                          "stream_delay_s": None if first is None else first[0],
@@ -168,7 +175,7 @@ def markdown(results: dict[str, Any]) -> str:
     for label, r in results["settings"].items():
         lines.append(f"| {label} | {r['events']} | {r['fast_events']} | {r['false_on_stable']} | "
                      f"{r['messages_sent']:,} |")  # fmt: skip
-    lines += ["", f"Command: `python -m bench.live_mqtt --seed {results['seed']}`"]
+    lines += ["", f"Broker: {results['broker']}. Command: `python -m bench.live_mqtt --seed {results['seed']}`"]
     return "\n".join(lines)
 
 
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup-s", type=float, default=15.0, help="wait for the daemon to load before publishing")
     args = ap.parse_args(argv)
     host, port = args.broker.rsplit(":", 1)
-    results: dict[str, Any] = {"env": environment(), "seed": args.seed, "settings": {}}
+    results: dict[str, Any] = {"env": environment(), "seed": args.seed, "broker": args.broker, "settings": {}}
     for fast in (True, False):
         label = "fast on" if fast else "fast off (window only)"
         results["settings"][label] = asyncio.run(run_once(host, int(port), args.seed, fast, args.startup_s))

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     minutes, seeds, cost_hops = (3.0, 1, 8) if args.quick else (args.minutes, args.seeds, 40)
     if args.cost_only:
+        if args.repeats < 1:
+            ap.error(f"--repeats must be >= 1; got {args.repeats}")
         return cost_only(args.repeats, cost_hops)
     results: dict[str, Any] = {"env": environment(), "minutes": minutes, "seeds": seeds, "settings": {}}
     for fast in (True, False):
@@ -272,8 +274,9 @@ def cost_only(repeats: int, hops: int) -> int:
             f"{c['ratio']:.3f} | {ratios} | {c['fast_stage_s'] * 1e3:.1f} ms | {c['fast_share']:.1%} |"
         )
         print(lines[-1], flush=True)
-    lines += ["", "Command: `python -m bench.reaction --cost-only`"]
-    write_results("reaction_cost", results, "\n".join(lines))
+    quick = " --quick" if hops < 40 else ""
+    lines += ["", f"Command: `python -m bench.reaction --cost-only --repeats {repeats}{quick}`"]
+    write_results("reaction_cost" + ("_quick" if quick else ""), results, "\n".join(lines))
     return 0
 
 

@@ -122,6 +122,8 @@ class FastPath:
         self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
         self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
         self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
+        # load (or compile) the evidence kernel now, not inside the first hop that scores samples
+        evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a retired channel."""

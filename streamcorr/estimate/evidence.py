@@ -73,16 +73,22 @@ def _log_z(theta: np.ndarray, qx: np.ndarray, qy: np.ndarray) -> np.ndarray:
 
 
 def evidence(theta: np.ndarray, log_z: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Evidence e (P, M) of samples (u[p, m], v[p, m]) in [0, 1] under pair p's table theta (P, G, G), log Z (P,)."""
+    """Evidence e (P, M) of samples (u[p, m], v[p, m]) in [0, 1] under pair p's table theta (P, G, G), log Z (P,).
+    The tables are read as float32, as the network makes them; samples must be finite."""
     theta = np.asarray(theta)
     u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
     if theta.ndim != 3 or theta.shape[1] != theta.shape[2] or theta.shape[1] < 2:
         raise InputError(f"theta must be (P, G, G) with G >= 2; got shape {theta.shape}")
     if u.shape != v.shape or u.ndim != 2 or u.shape[0] != theta.shape[0]:
         raise InputError(f"u and v must both be (P, M) with P = {theta.shape[0]}; got {u.shape} and {v.shape}")
-    log_z = np.broadcast_to(np.asarray(log_z, dtype=np.float64), (theta.shape[0],))
-    return _evidence(np.ascontiguousarray(theta, dtype=np.float32), np.ascontiguousarray(log_z),
-                     np.ascontiguousarray(u), np.ascontiguousarray(v))  # fmt: skip
+    if not (np.isfinite(u).all() and np.isfinite(v).all()):
+        raise InputError("u and v must be finite copula values in [0, 1]; got NaN or infinity")
+    log_z = np.asarray(log_z, dtype=np.float64)
+    if log_z.shape not in ((), (theta.shape[0],)):
+        raise InputError(f"log_z must be a scalar or ({theta.shape[0]},); got shape {log_z.shape}")
+    log_z = np.array(np.broadcast_to(log_z, (theta.shape[0],)))  # a writable copy: one compiled signature
+    return _evidence(np.ascontiguousarray(theta, dtype=np.float32), log_z, np.ascontiguousarray(u),
+                     np.ascontiguousarray(v))  # fmt: skip
 
 
 @njit(cache=True, parallel=True, nogil=True)

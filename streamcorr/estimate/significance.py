@@ -50,7 +50,7 @@ import numpy as np
 from scipy.linalg import solve_toeplitz
 from scipy.signal import lfilter
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from .copula import Ties, rank_transform
 
 __all__ = [
@@ -144,11 +144,13 @@ def prewhiten(x: np.ndarray, order: int = AR_ORDER) -> np.ndarray:
 
 def prewhiten_own_samples(x: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     """Innovations of each row of x (C, N) on the clock's ticks, fitted over the row's own samples (``fresh`` (C, N):
-    a new sample at that tick) and held on the ticks between them, as the samples are.
+    a new sample at that tick; each row's first tick among them) and held on the ticks between them, as the samples
+    are. Values must be finite.
 
     A channel slower than the clock repeats each sample over several ticks; an AR fit over those ticks reads
     the repeats as dynamics and leaves a residual at every new sample, and two fields of one device (new samples
-    on the same ticks) would then share that pattern as dependence. Rows with the same ticks are fitted together.
+    on the same ticks) would then share that pattern as dependence. Rows with the same ticks share one call (each
+    keeps its own fit).
 
     >>> rng = np.random.default_rng(1)
     >>> slow = np.repeat(lfilter([1.0], [1.0, -0.9], rng.standard_normal((2, 300)), axis=1), 4, axis=1)  # (2, 1200)
@@ -159,6 +161,9 @@ def prewhiten_own_samples(x: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     (True, 0.8, True)
     """
     out = np.asarray(x, dtype=np.float64).copy()
+    fresh = np.asarray(fresh, dtype=bool)
+    if fresh.shape != out.shape:
+        raise InputError(f"fresh must have the shape of x {out.shape}; got {fresh.shape}")
     by_ticks: dict[bytes, list[int]] = {}
     for k in range(len(out)):
         by_ticks.setdefault(np.packbits(fresh[k]).tobytes(), []).append(k)

@@ -113,11 +113,11 @@ def test_pair_gauges_are_bounded_and_carry_the_detectors_verdict(metrics_text):
 
 
 def test_the_dashboard_and_the_alert_rules_query_only_exported_names(metrics_text):
-    """Every streamcorr_* name in the example dashboard's queries and in the example alert rules is one that
-    /metrics exports."""
+    """Every streamcorr_* and process_* name in the example dashboard's queries and in the example alert rules is
+    one that /metrics exports."""
     exported = _exported(metrics_text)
     for what, exprs in (("dashboard", _dashboard_exprs()), ("alert rules", _rule_exprs())):
-        used = {name for e in exprs for name in re.findall(r"\bstreamcorr_[a-z0-9_]+", e)}
+        used = {name for e in exprs for name in re.findall(r"\b(?:streamcorr|process)_[a-z0-9_]+", e)}
         assert used, f"the {what} query nothing"
         assert used <= exported, f"{what}: not exported by /metrics: {sorted(used - exported)}"
 

@@ -26,6 +26,10 @@ def test_evidence_is_the_bilinear_table_at_each_sample_minus_log_z(seed: int, pa
 
 
 def test_evidence_names_the_shapes_it_needs() -> None:
-    """Samples that do not match the tables' pairs raise InputError naming both shapes."""
+    """Samples that do not match the tables' pairs, NaN samples and a log Z of another shape raise InputError."""
     with pytest.raises(InputError, match=r"\(P, M\) with P = 2"):
         evidence(np.zeros((2, 5, 5), np.float32), np.zeros(2), np.zeros((3, 4)), np.zeros((3, 4)))
+    with pytest.raises(InputError, match="finite"):
+        evidence(np.zeros((1, 5, 5), np.float32), np.zeros(1), np.full((1, 4), np.nan), np.zeros((1, 4)))
+    with pytest.raises(InputError, match="log_z"):
+        evidence(np.zeros((2, 5, 5), np.float32), np.zeros((2, 1)), np.zeros((2, 4)), np.zeros((2, 4)))
