@@ -7,8 +7,9 @@ for the newest snapshot and status, so a late joiner does not wait for the next 
 
 Messages are decoded into numpy-backed :class:`Snapshot`, :class:`ChangeEvent` and :class:`Status` and
 wait in bounded queues (``queue_size`` each; when a consumer falls behind the oldest is dropped and
-counted in ``counters.dropped``). Sequence numbers are checked per topic: messages lost on the way are
-counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
+counted in ``counters.dropped``, and logged once that stream is being iterated: a script that reads only
+events keeps the newest snapshots without a warning). Sequence numbers are checked per topic: messages lost
+on the way are counted in :attr:`Subscriber.gaps` and logged. A retained or cached message already seen is skipped.
 Besides ``mi``, a snapshot carries ``snap.dependent`` (the change detector's verdict per cell: a cell with MI
 but False is not significant) and ``snap.n_eff`` (effective sample sizes); both are None from publishers that
 do not send them. An event's ``ev.initial`` marks a pair found dependent at its first assessment, ``ev.onset_t_ns``
@@ -116,6 +117,7 @@ class Subscriber:
         self._stop = False
         self._error: Exception | None = None  # what stopped the client, if not close()
         self._status_stream = False  # statuses are queued only once someone iterates them
+        self._iterated: set[str] = set()  # streams someone iterates: only their drops are logged (all are counted)
         self._ready = threading.Event()
         self._warn = RateLimitedLog(log)
 
@@ -193,7 +195,8 @@ class Subscriber:
                 q.get_nowait()
                 if item is not _CLOSED:
                     self.counters.dropped[key] += 1
-                    self._warn.warning(f"drop:{key}", "%s queue full (%d): oldest dropped", key, self.queue_size)
+                    if key in self._iterated:  # a stream nobody reads (events only, say) keeps its newest quietly
+                        self._warn.warning(f"drop:{key}", "%s queue full (%d): oldest dropped", key, self.queue_size)
         q.put_nowait(item)
 
     # -- transports (run on the client's event loop) ------------------------------------------------
@@ -273,6 +276,7 @@ class Subscriber:
         if self._mode != "async":
             raise StreamcorrError("start the subscriber first: `async with Subscriber(...) as sub:`")
         self._status_stream |= key == "status"
+        self._iterated.add(key)
         q: asyncio.Queue[Any] = self._queues[key]
         while True:
             try:
@@ -367,6 +371,7 @@ class Subscriber:
     def _iter(self, key: str, wait: tuple[float | None, bool]) -> Iterator[Any]:
         self.start_background()
         self._status_stream |= key == "status"
+        self._iterated.add(key)
         q: queue.Queue[Any] = self._queues[key]
         while True:
             try:

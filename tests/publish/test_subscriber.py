@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import logging
 import subprocess
 import threading
 import time
@@ -231,9 +232,11 @@ def test_pairs_subscriber_gets_sparse_snapshots_from_the_pairs_topic():
     assert np.array_equal(np.sort(got.mi[np.triu_indices(5, 1)][np.isfinite(got.mi[np.triu_indices(5, 1)])]), top)
 
 
-def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops():
-    """A consumer that does not read keeps the newest queue_size events; the older ones are counted as dropped."""
+def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops(caplog):
+    """A consumer that does not read keeps the newest queue_size events; the older ones are counted as dropped,
+    and logged only once the stream is being iterated (a stream nobody reads fills up quietly)."""
     rng = np.random.default_rng(26)
+    caplog.set_level(logging.WARNING, logger="streamcorr.subscriber")
 
     async def main():
         async with (
@@ -245,11 +248,16 @@ def test_consumer_queue_keeps_the_newest_and_counts_what_it_drops():
             for ev in events:
                 await pub.publish_event(ev)
             await until(lambda: sub.counters.received["event"] == 10)
+            quiet = [r for r in caplog.records if "queue full" in r.getMessage()]
             got = [e async for e in sub.events(quiet_s=0.1)]
-            return events, got, sub.counters
+            for ev in events:  # now iterated: an overflow is logged
+                await pub.publish_event(ev)
+            await until(lambda: sub.counters.received["event"] == 20)
+            return events, got, sub.counters, quiet
 
-    events, got, counters = asyncio.run(main())
-    assert got == events[-3:] and counters.dropped["event"] == 7
+    events, got, counters, quiet = asyncio.run(main())
+    assert got == events[-3:] and counters.dropped["event"] == 14
+    assert quiet == [] and any("event queue full" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.slow  # the Engine's null calibration (2,000 windows): 8-32 s measured on the shared 2-core machine
