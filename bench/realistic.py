@@ -2,16 +2,15 @@
 
     python -m bench.realistic [--channels 12] [--seconds 300] [--window 1024] [--seeds 0 1 2 3] [--tag NAME] [--quick]
 
-A recording of several devices, each with its own rate (100, 50 or 20 Hz), phase offset and stamp jitter,
-and several fields per device sharing its stamps; some pairs are truly dependent (a linear or non-monotone
-function of another channel plus noise), the rest independent by construction. It is replayed hop by hop
-through the engine twice in one run: with the defaults ("after": repeated rows left out of a pair, the null
-at each pair's effective sample size, false alarms budgeted per hour of the matrix) and with the settings
-that treat every tick as an independent sample ("before": ``repeated_rows: keep``, ``significance: iid``,
-``false_alarm_rate: 0.001`` per pair and evaluation, and no fast change path). Reported per setting: independent pair-hops flagged
-dependent, chance ``became-dependent`` events per independent pair-hour, dependent pair-hops flagged (after
-the first window), and the hop's cost. Results go to bench/results/realistic.json and .md (realistic_NAME with
-``--tag``).
+A recording of several devices, each with its own rate (100, 50 or 20 Hz), phase offset and stamp jitter, and
+several fields per device sharing its stamps; some pairs are truly dependent (a linear or non-monotone function of
+another channel plus noise), the rest independent by construction. It is replayed hop by hop through the engine
+twice in one run: with the defaults ("after": repeated rows left out of a pair, the null at each pair's effective
+sample size, false alarms budgeted per hour of the matrix) and with the settings that treat every tick as an
+independent sample ("before": ``repeated_rows: keep``, ``significance: iid``, ``false_alarm_rate: 0.001`` per pair
+and evaluation, and no fast change path). Reported per setting: independent pair-hops flagged dependent, chance
+``became-dependent`` events per independent pair-hour, dependent pair-hops flagged (after the first window), and the
+hop's cost. Results go to bench/results/realistic.json and .md (realistic_NAME with ``--tag``).
 """
 
 from __future__ import annotations
@@ -146,8 +145,12 @@ def _pairs(names: list[str]) -> list[tuple[str, str]]:
 
 SETTINGS = {
     "after (defaults)": {},
-    "before (every tick independent)": {"repeated_rows": "keep", "significance": "iid", "false_alarm_rate": 1e-3,
-                                        "fast": False},
+    "before (every tick independent)": {
+        "repeated_rows": "keep",
+        "significance": "iid",
+        "false_alarm_rate": 1e-3,
+        "fast": False,
+    },
 }
 
 
