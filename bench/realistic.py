@@ -1,6 +1,7 @@
 """Realistic sensor streams: smooth, oscillating, quantised and near-random-walk channels on their own clocks.
 
-    python -m bench.realistic [--channels 12] [--seconds 300] [--window 1024] [--seeds 0 1 2 3] [--tag NAME] [--quick]
+    python -m bench.realistic [--channels 12] [--seconds 300] [--window 1024] [--seeds 0 1 2 3] [--tag NAME]
+                              [--settings after before prewhitened] [--quick]
 
 A recording of several devices, each with its own rate (100, 50 or 20 Hz), phase offset and stamp jitter, and
 several fields per device sharing its stamps; some pairs are truly dependent (a linear or non-monotone function of
@@ -151,7 +152,10 @@ SETTINGS = {
         "false_alarm_rate": 1e-3,
         "fast": False,
     },
+    "pre-whitened (estimator.prewhiten: ar)": {"estimator": {"prewhiten": "ar"}},
 }
+CHOICES = {"after": "after (defaults)", "before": "before (every tick independent)",
+           "prewhitened": "pre-whitened (estimator.prewhiten: ar)"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--tag", default="", help="results file suffix (realistic_TAG)")
     ap.add_argument("--quick", action="store_true", help="60 s, 6 channels, window 256 (a smoke run)")
+    ap.add_argument("--settings", nargs="+", choices=list(CHOICES), default=["after", "before"])
     args = ap.parse_args(argv)
     if args.quick:
         args.channels, args.seconds, args.window = 6, 60.0, 256
     rows = []
     for seed in args.seeds:
         frames, dependent = recording(np.random.default_rng(seed), args.channels, args.seconds)
-        for label, cfg in SETTINGS.items():
+        for label, cfg in ((CHOICES[c], SETTINGS[CHOICES[c]]) for c in args.settings):
             r = replay(frames, dependent, args.window, **cfg)
             rows.append({"setting": label, "seed": seed, **r})
             print(json.dumps(rows[-1]), flush=True)
@@ -181,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         f"({r['chance_events']}) | {r['dependent_flagged']:.1%} | {r['hop_s_median']:.3f} |\n"
         for r in rows
     )
-    table += "\nPer truly dependent pair (driver's rate and process -> follower's rate: relation), defaults:\n\n"
-    table += "| seed | pair | process | dependent hops flagged | mean n_eff |\n|---|---|---|---|---|\n"
+    table += "\nPer truly dependent pair (driver's rate and process -> follower's rate: relation):\n\n"
+    table += "| setting | seed | pair | process | dependent hops flagged | mean n_eff |\n|---|---|---|---|---|---|\n"
     table += "".join(
-        f"| {r['seed']} | {p['pair']} | {p['process']} | {p['flagged']:.1%} | {p['n_eff_mean']:.0f} |\n"
-        for r in rows if r["setting"] == "after (defaults)" for p in r["dependent_pairs"]
+        f"| {r['setting']} | {r['seed']} | {p['pair']} | {p['process']} | {p['flagged']:.1%} "
+        f"| {p['n_eff_mean']:.0f} |\n"
+        for r in rows if not r["setting"].startswith("before") for p in r["dependent_pairs"]
     )  # fmt: skip
     info = {"args": vars(args), "rows": rows, "env": environment()}
     if not args.quick:
