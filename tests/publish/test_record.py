@@ -81,22 +81,26 @@ def test_report_of_a_directory_without_history_is_a_one_line_error(tmp_path, cap
     assert err.startswith("streamcorr: error:") and "streamcorr replay" in err and "Traceback" not in err
 
 
+def _recording_daemon(p_in: int, rec_dir: Path, http: dict[str, Any]) -> dict[str, Any]:
+    """A daemon config: channels a, b, c at 20 Hz from a bound ZeroMQ PULL on p_in, recorded with 1-s rotation."""
+    return {
+        "version": 1,
+        "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
+                     "channel_template": "{key}"}],
+        "channels": {"names": ["a", "b", "c"], "rate_hz": 20.0},
+        "window": {"samples": 32, "hop_samples": 5},
+        "outputs": {"record": {"directory": str(rec_dir), "rotate_s": 1.0}, "status_interval_s": 0.5},
+        "http": http,
+        "logging": {"format": "text"},
+    }  # fmt: skip
+
+
 def test_sigkill_leaves_every_parquet_file_readable(tmp_path):
     """`streamcorr run` recording with 1-s rotation, killed with SIGKILL mid-run: every *.parquet file in the
     directory reads back whole (an unfinished file is only ever a .part)."""
     p_in = free_port()
     rec_dir = tmp_path / "rec"
-    source = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True}
-    source["channel_template"] = "{key}"
-    cfg = {
-        "version": 1,
-        "sources": [source],
-        "channels": {"names": ["a", "b", "c"], "rate_hz": 20.0},
-        "window": {"samples": 32, "hop_samples": 5},
-        "outputs": {"record": {"directory": str(rec_dir), "rotate_s": 1.0}, "status_interval_s": 0.5},
-        "http": {"enabled": False},
-        "logging": {"format": "text", "level": "WARNING"},
-    }
+    cfg = _recording_daemon(p_in, rec_dir, {"enabled": False}) | {"logging": {"format": "text", "level": "WARNING"}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen([sys.executable, "-m", "streamcorr", "run", str(path)],
@@ -274,17 +278,7 @@ def test_a_daemon_whose_record_directory_breaks_reports_drops_and_recovers(tmp_p
 
     p_in, http_port = free_port(), free_port()
     rec_dir = tmp_path / "rec"
-    source = {"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
-              "channel_template": "{key}"}  # fmt: skip
-    cfg = {
-        "version": 1,
-        "sources": [source],
-        "channels": {"names": ["a", "b", "c"], "rate_hz": 20.0},
-        "window": {"samples": 32, "hop_samples": 5},
-        "outputs": {"record": {"directory": str(rec_dir), "rotate_s": 1.0}, "status_interval_s": 0.5},
-        "http": {"port": http_port},
-        "logging": {"format": "text"},
-    }
+    cfg = _recording_daemon(p_in, rec_dir, {"port": http_port})
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(f"tcp://127.0.0.1:{p_in}")
