@@ -144,18 +144,14 @@ def _pairs(names: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for k, a in enumerate(names) for b in names[k + 1 :]]
 
 
-SETTINGS = {
-    "after (defaults)": {},
-    "before (every tick independent)": {
-        "repeated_rows": "keep",
-        "significance": "iid",
-        "false_alarm_rate": 1e-3,
-        "fast": False,
-    },
-    "pre-whitened (estimator.prewhiten: ar)": {"estimator": {"prewhiten": "ar"}},
+SETTINGS = {  # --settings name -> (label, EngineConfig overrides)
+    "after": ("after (defaults)", {}),
+    "before": (
+        "before (every tick independent)",
+        {"repeated_rows": "keep", "significance": "iid", "false_alarm_rate": 1e-3, "fast": False},
+    ),
+    "prewhitened": ("pre-whitened (estimator.prewhiten: ar)", {"estimator": {"prewhiten": "ar"}}),
 }
-CHOICES = {"after": "after (defaults)", "before": "before (every tick independent)",
-           "prewhitened": "pre-whitened (estimator.prewhiten: ar)"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--tag", default="", help="results file suffix (realistic_TAG)")
     ap.add_argument("--quick", action="store_true", help="60 s, 6 channels, window 256 (a smoke run)")
-    ap.add_argument("--settings", nargs="+", choices=list(CHOICES), default=["after", "before"])
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=["after", "before"])
     args = ap.parse_args(argv)
     if args.quick:
         args.channels, args.seconds, args.window = 6, 60.0, 256
     rows = []
     for seed in args.seeds:
         frames, dependent = recording(np.random.default_rng(seed), args.channels, args.seconds)
-        for label, cfg in ((CHOICES[c], SETTINGS[CHOICES[c]]) for c in args.settings):
+        for label, cfg in (SETTINGS[c] for c in args.settings):
             r = replay(frames, dependent, args.window, **cfg)
             rows.append({"setting": label, "seed": seed, **r})
             print(json.dumps(rows[-1]), flush=True)
