@@ -116,8 +116,8 @@ class Subscriber:
         self._lock = threading.Lock()
         self._stop = False
         self._error: Exception | None = None  # what stopped the client, if not close()
-        self._status_stream = False  # statuses are queued only once someone iterates them
-        self._iterated: set[str] = set()  # streams someone iterates: only their drops are logged (all are counted)
+        # streams someone iterates: only their drops are logged (all are counted), and statuses are queued only then
+        self._iterated: set[str] = set()
         self._ready = threading.Event()
         self._warn = RateLimitedLog(log)
 
@@ -169,7 +169,7 @@ class Subscriber:
         body = msg.body
         if isinstance(body, Status):
             self._status = body
-            if not self._status_stream:  # status() has it; nobody iterates statuses, so nothing to queue
+            if "status" not in self._iterated:  # status() has it; nobody iterates statuses, so nothing to queue
                 return
         elif isinstance(body, Snapshot):
             body = self._mark(body, replay)
@@ -275,7 +275,6 @@ class Subscriber:
     async def _aiter(self, key: str, wait: tuple[float | None, bool]) -> AsyncIterator[Any]:
         if self._mode != "async":
             raise StreamcorrError("start the subscriber first: `async with Subscriber(...) as sub:`")
-        self._status_stream |= key == "status"
         self._iterated.add(key)
         q: asyncio.Queue[Any] = self._queues[key]
         while True:
@@ -370,7 +369,6 @@ class Subscriber:
 
     def _iter(self, key: str, wait: tuple[float | None, bool]) -> Iterator[Any]:
         self.start_background()
-        self._status_stream |= key == "status"
         self._iterated.add(key)
         q: queue.Queue[Any] = self._queues[key]
         while True:
