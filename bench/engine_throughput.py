@@ -77,6 +77,8 @@ async def _live(
     cfg = EngineConfig(channels=names, rate_hz=rate, window_len=window, hop_samples=int(rate), queue_size=1000,
                        screening=screening, max_lag_s=max_lag_s)  # fmt: skip
     eng = Engine(cfg, Estimator(**{**dict(cfg.estimator), "weights": weights}))
+    aot = eng.est.aot
+    network_at_start = "eager" if aot is None else aot.state  # "building": this run includes the one-time build
     rng = np.random.default_rng(0)
     data = _signals(n_ch, int(rate * (duration_s + 30)), rng, all_dependent)
     latencies: list[float] = []
@@ -109,6 +111,7 @@ async def _live(
         "channels": n_ch, "window_len": window, "rate_hz": rate, "duration_s": duration_s, "pairs": n_pairs,
         "chunk_ms": chunk_ms, "all_dependent": all_dependent, "screening": cfg.screening,
         "weights": eng.est.meta.get("run", str(weights)),
+        "network": {"at_start": network_at_start, "at_end": "eager" if aot is None else aot.state},
         "pairs_screened": c.pairs_screened, "load_1min": os.getloadavg()[0],
         "hops": c.hops, "hops_skipped": c.hops_skipped,
         "pairs_refreshed_per_s": c.pairs_evaluated / duration_s,
@@ -147,6 +150,8 @@ def live(args: argparse.Namespace) -> None:
           f"over the whole run including the {res['window_len'] / res['rate_hz']:.1f} s fill: "
           f"{res['pairs_refreshed_per_s']:.0f}",
           f"- hops evaluated {res['hops']}, skipped because compute was behind {res['hops_skipped']}",
+          f"- network (streamcorr.estimate.aot): {res['network']['at_start']} at the start, "  # type: ignore[index]
+          f"{res['network']['at_end']} at the end",  # type: ignore[index]
           f"- hop-to-publish latency p50 **{res['latency_p50_s'] * 1e3:.0f} ms**, p99 "
           f"**{res['latency_p99_s'] * 1e3:.0f} ms**", f"- process RSS {res['rss_mb']:.0f} MB",
           f"- lead and lag: max {res['max_lag_s']} s; search counts {res['lag_counts']}; pairs with a significant "

@@ -16,7 +16,9 @@ the last sample at which S was zero. The network then confirms it: the samples s
 below half the reference's level. A pair still above either gets a new reference (its relation changed shape, not
 vanished), as does one still undecided at 256 samples (a smooth pair whose short-window null is too wide to tell:
 the window path judges it). References are renewed once a window while the CUSUM rests at 0, as far as what is
-left of the hop's budget (``screening.hop_budget`` of the hop) allows: a busy hop keeps the older tables.
+left of the hop's budget (``screening.hop_budget`` of the hop) allows, and live at most a tenth of the hop
+(``REFERENCE_SHARE``): a busy hop keeps the older tables, and a matrix that turns dependent all at once gets its
+references over several hops, each published on time.
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
 flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
@@ -56,6 +58,7 @@ ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this m
 CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
 CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
 PROBE_TABLES = 64  # references made in the first batch, which times them
+REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 
 
@@ -122,8 +125,9 @@ class FastPath:
         self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
         self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
         self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
-        # load (or compile) the evidence kernel now, not inside the first hop that scores samples
+        # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
+        rank_transform(np.zeros((2, 4)), est.ties)
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a retired channel."""
@@ -157,7 +161,10 @@ class FastPath:
         candidates = np.flatnonzero(sentinel & ok)
         watched = np.array([k for k in candidates if self.detector.is_dependent(keys[k]) is False], dtype=np.int64)
         events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held)
-        self._refresh(end_tick, keys, pairs, ranks, n_eff, held, self.budget_s - (time.perf_counter() - hop.began))
+        left_s = self.budget_s - (time.perf_counter() - hop.began)
+        if math.isfinite(self.budget_s):  # live: a matrix whose pairs all turn dependent at once gets its references
+            left_s = min(left_s, REFERENCE_SHARE * self.hop_samples * self.period_ns / 1e9)  # over hops, each on time
+        self._refresh(end_tick, keys, pairs, ranks, n_eff, held, left_s)
         budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
         events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
         return events

@@ -10,7 +10,7 @@ from scipy.signal import lfilter
 
 from streamcorr import Estimator
 from streamcorr.engine.core import Engine, EngineConfig
-from streamcorr.engine.fast import cusum_threshold
+from streamcorr.engine.fast import REFERENCE_SHARE, FastPath, cusum_threshold
 from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
 from streamcorr.estimate.evidence import change_point, evidence, pair_tables, window_moments
 
@@ -134,6 +134,42 @@ def test_a_new_shape_is_not_a_decoupling(white_events: list) -> None:
     for pair in (("a", "b"), ("c", "d")):
         kinds = [e.kind for e in fast if e.pair == pair and e.kind.startswith("became")]
         assert all(k1 != k2 for k1, k2 in itertools.pairwise(kinds)), kinds  # states alternate
+
+
+def test_live_references_are_renewed_within_a_tenth_of_each_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live, a matrix whose pairs all turn dependent at once gets its references over several hops, each hop's
+    share capped at REFERENCE_SHARE of the hop (so that every hop is published on time); a replay is uncapped
+    (deterministic)."""
+    rng = np.random.default_rng(505)
+    n, names = 1500, [f"c{k}" for k in range(12)]
+    common = rng.standard_normal(n)
+    data = {name: common + 0.8 * rng.standard_normal(n) for name in names}  # every pair dependent
+    t = T0 + np.arange(n) / RATE
+    given: list[float] = []
+    made: list[int] = []
+    refresh = FastPath._refresh
+
+    def spy(self: FastPath, *args: object) -> None:
+        given.append(float(args[-1]))  # type: ignore[arg-type]
+        refresh(self, *args)  # type: ignore[arg-type]
+        made.append(len(self._refs))
+
+    monkeypatch.setattr(FastPath, "_refresh", spy)
+    for live in (True, False):
+        given.clear()
+        made.clear()
+        eng = Engine(EngineConfig(channels=names, rate_hz=RATE, window_len=512, hop_samples=50, skip_stale_hops=live,
+                                  max_future_s=None, queue_size=100_000))  # fmt: skip
+        for s in range(0, n, 50):
+            eng.push_frame(t[s : s + 50], {k: v[s : s + 50] for k, v in data.items()})
+            for end in eng.due_windows():
+                eng.evaluate(end)
+        assert eng.fast is not None and len(eng.fast._refs) > 0.9 * 66  # the held pairs got their references
+        if live:
+            assert given and max(given) <= REFERENCE_SHARE * 50 / RATE + 1e-9
+        else:
+            assert all(g == float("inf") for g in given)
+            assert max(made[:2]) > 0.9 * 66  # all at once
 
 
 def test_smooth_channels_give_no_fast_events() -> None:
