@@ -162,6 +162,7 @@ def live(args: argparse.Namespace) -> None:
     name += "" if args.screening == "auto" else f"_screening_{args.screening}"
     name += f"_{args.weights}" if args.weights else ""
     name += f"_lags{args.max_lag_s:g}s" if args.max_lag_s else ""
+    name += "_first_start" if res["network"]["at_start"] == "building" else ""  # type: ignore[index]  # the one-time build
     write_results(name, {"env": environment(), **res}, "\n".join(md))
 
 
