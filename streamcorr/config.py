@@ -26,6 +26,7 @@ __all__ = ["Config", "load_config", "parse_config"]
 
 # defaults the parts share, each defined here once; infonet-v2 is at or above v1 (models/README.md)
 SHIPPED_WEIGHTS, DEFAULT_WEIGHTS_NAME = ("infonet-v1", "infonet-v2"), "infonet-v2"
+MQTT_RECEIVE_BUFFER = 4 << 20  # bytes: about 50,000 small JSON messages, a second of a fast burst
 SCREENING: Literal["auto", "on", "off"] = "auto"  # auto: screen when the pairs exceed the network's hop budget
 MAX_AGE_S = 120.0  # a backstop network estimate per pair (engine/scheduler.py says why 120 s)
 HOP_S = 1.0  # seconds between evaluations when neither window.hop_samples nor window.hop_s is given
@@ -118,6 +119,9 @@ class MqttSourceConfig(MqttConnection, Payload):
     # messages waiting to be decoded, at most; beyond, counted as queue_full
     queue_size: int = Field(10_000, ge=1, le=1_000_000)
     queue_bytes: int = Field(64 << 20, ge=1 << 16, le=4 << 30)  # topics + payloads waiting, at most
+    # the socket's receive buffer: holds a burst while decoding catches up (the kernel caps it at
+    # net.core.rmem_max); 0: the kernel's own, grown as the reader keeps up
+    receive_buffer_bytes: int = Field(MQTT_RECEIVE_BUFFER, ge=0, le=1 << 30)
 
 
 class ZmqSourceConfig(Payload):

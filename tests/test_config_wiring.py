@@ -43,7 +43,8 @@ def _config(tmp: Path) -> dict[str, Any]:
     return {
         "version": 1,
         "sources": [
-            {"type": "mqtt", **MQTT, **PAYLOAD, "topics": ["probe/#"], "queue_size": 123, "queue_bytes": 1 << 17},
+            {"type": "mqtt", **MQTT, **PAYLOAD, "topics": ["probe/#"], "queue_size": 123, "queue_bytes": 1 << 17,
+             "receive_buffer_bytes": 1 << 21},
             {"type": "zmq", **PAYLOAD, "endpoint": f"tcp://127.0.0.1:{SOURCE_PORT}", "mode": "pull", "bind": True,
              "topics": ["p"], "rcvhwm": 321},
         ],
@@ -249,7 +250,7 @@ def _probes() -> dict[str, Callable[[Parts], Any]]:
     for key in PAYLOAD:
         pr[f"sources.mqtt.{key}"] = lambda p, k=key: getattr(p.mqtt_src.decoder.settings, k)
         pr[f"sources.zmq.{key}"] = lambda p, k=key: getattr(p.zmq_src.decoder.settings, k)
-    for key in ("topics", "queue_size", "queue_bytes"):
+    for key in ("topics", "queue_size", "queue_bytes", "receive_buffer_bytes"):
         pr[f"sources.mqtt.{key}"] = lambda p, k=key: getattr(p.mqtt_src, k)
     for key in ("endpoint", "mode", "bind", "topics", "rcvhwm"):
         pr[f"sources.zmq.{key}"] = lambda p, k=key: getattr(p.zmq_src, k)

@@ -22,7 +22,8 @@ def _mqtt_source(s: MqttSourceConfig, decoder: Any, push: Push) -> Source:
     from ..ingest.mqtt import MqttSource
 
     return MqttSource(settings=s, topics=list(s.topics), decoder=decoder, sink=push,
-                      queue_size=s.queue_size, queue_bytes=s.queue_bytes)  # fmt: skip
+                      queue_size=s.queue_size, queue_bytes=s.queue_bytes,
+                      receive_buffer_bytes=s.receive_buffer_bytes)  # fmt: skip
 
 
 def _zmq_source(s: ZmqSourceConfig, decoder: Any, push: Push) -> Source:

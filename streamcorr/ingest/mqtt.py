@@ -6,11 +6,19 @@ after jittered, growing delays with a fresh client and counting ``connects``, ``
 ``connect_failures`` in its ledger. Messages published while no connection is up are lost at QoS 0 (with QoS 1/2
 and a fixed ``client_id`` the broker may keep them for the session).
 
-Backpressure: received messages wait in a queue of at most ``queue_size`` messages and ``queue_bytes``
+Receiving: paho hands each message's topic and payload straight to the source
+(:func:`streamcorr.transport.mqtt.take_messages`: no per-message object, queue or task switch), reading the
+socket in chunks; every ``_BATCH_S`` the messages taken are decoded and each channel's samples reach the sink in
+one push.
+
+A burst waits in the socket's receive buffer (``receive_buffer_bytes``, 4 MiB by default, as far as the kernel's
+``net.core.rmem_max`` allows) while decoding catches up; beyond it the broker drops messages for a slow client
+(QoS 0), seen as ``seq_gaps``.
+
+Backpressure: received messages wait in a list of at most ``queue_size`` messages and ``queue_bytes``
 bytes (topics and payloads). When either is reached the arriving message is discarded undecoded and
-counted in ``counters.queue_full`` (aiomqtt alone would only log a warning). Memory held for one message
-beyond that is the broker's largest message (Mosquitto's ``message_size_limit``; set it, as the MQTT
-maximum is 256 MiB).
+counted in ``counters.queue_full``. Memory held for one message beyond that is the broker's largest message
+(Mosquitto's ``message_size_limit``; set it, as the MQTT maximum is 256 MiB).
 """
 
 from __future__ import annotations
@@ -20,11 +28,11 @@ import logging
 
 import aiomqtt
 
-from ..config import MqttConnection
+from ..config import MQTT_RECEIVE_BUFFER, MqttConnection
 from ..errors import ConfigError
-from ..transport.mqtt import check_settings, keep_connected, make_client
+from ..transport.mqtt import check_settings, keep_connected, make_client, take_messages
 from .payload import PayloadDecoder
-from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
+from .source import ArrivalClock, IngestCounters, RateLimitedLog, SampleSink, deliver
 
 __all__ = ["MqttSource"]
 
@@ -33,13 +41,6 @@ log = logging.getLogger("streamcorr.ingest.mqtt")
 _BATCH_MAX = 1000  # messages decoded before the sink is called (only reached while behind)
 _BATCH_S = 0.05  # a batch gathers this long: each channel's samples reach the engine in one push, not one by one
 _POLL_S = 0.005  # how often a gathering batch looks at the queue
-
-
-def _message_bytes(message: aiomqtt.Message) -> int:
-    """Bytes a received message holds: its payload and its topic."""
-    payload = message.payload
-    size = len(payload) if isinstance(payload, bytes | bytearray) else 64
-    return size + len(message.topic.value)
 
 
 def check_topic_filter(topic: str) -> None:
@@ -76,6 +77,7 @@ class MqttSource:
         sink: SampleSink,
         queue_size: int = 10_000,
         queue_bytes: int = 64 << 20,
+        receive_buffer_bytes: int = MQTT_RECEIVE_BUFFER,
     ) -> None:
         if not topics:
             raise ConfigError("topics is empty; give at least one MQTT topic filter, e.g. 'sensors/#'")
@@ -85,22 +87,29 @@ class MqttSource:
             raise ConfigError(f"queue_size must be >= 1 message; got {queue_size}")
         if queue_bytes < 1:
             raise ConfigError(f"queue_bytes must be >= 1 byte; got {queue_bytes}")
+        if receive_buffer_bytes < 0:
+            raise ConfigError(
+                f"receive_buffer_bytes must be >= 0 (0: the kernel's default); got {receive_buffer_bytes}"
+            )
         self.settings = check_settings(settings)
         self.topics = list(topics)
         self.decoder = decoder
         self.sink = sink
         self.queue_size = queue_size
         self.queue_bytes = queue_bytes
+        self.receive_buffer_bytes = receive_buffer_bytes
         self.counters: IngestCounters = decoder.counters  # one ledger: decode drops and transport stats
         self.connected = False
-        self._queue: asyncio.Queue[aiomqtt.Message] | None = None
+        self._taken: list[tuple[str, bytes]] = []  # (topic, payload) received, not yet decoded
+        self._taken_bytes = 0
+        self._arrived = asyncio.Event()  # set when _taken turns non-empty
         self._clock = ArrivalClock()
         self._rate_log = RateLimitedLog(log)
 
     @property
     def queue_depth(self) -> int:
         """Messages received and not yet decoded."""
-        return 0 if self._queue is None else self._queue.qsize()
+        return len(self._taken)
 
     async def run(self) -> None:
         """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning.
@@ -111,10 +120,18 @@ class MqttSource:
             counters=self.counters,
             log=log,
             name="MQTT source",
-            new_client=lambda: make_client(self.settings, queue_type=self._queue_type()),
+            new_client=self._new_client,
         )
 
+    def _new_client(self) -> aiomqtt.Client:
+        client = make_client(self.settings)
+        take_messages(client, self._take, receive_buffer_bytes=self.receive_buffer_bytes)
+        return client
+
     async def _session(self, client: aiomqtt.Client) -> None:
+        self._arrived = asyncio.Event()  # this run's loop; a persistent session may have delivered some already
+        if self._taken:
+            self._arrived.set()
         try:
             for topic in self.topics:
                 await self._subscribe(client, topic)
@@ -131,58 +148,53 @@ class MqttSource:
         if any(c >= 0x80 for c in codes):  # the broker refused (ACL, bad filter): say so, keep the rest
             log.error("broker refused subscription to %r (reason codes %s)", topic, codes)
 
+    def _take(self, topic: str, payload: bytes) -> None:
+        """One received message (paho's callback, in the event loop's thread): kept for the next batch, or
+        dropped and counted when the list is full."""
+        size = len(topic) + len(payload)
+        if len(self._taken) >= self.queue_size or (self._taken_bytes + size > self.queue_bytes and self._taken):
+            self.counters.queue_full += 1  # the arriving message goes: the list holds the oldest, in order
+            self._rate_log(logging.WARNING, "queue_full", "incoming queue full (%d messages, %d bytes)",
+                           len(self._taken), self._taken_bytes)  # fmt: skip
+            return
+        if not self._taken:
+            self._arrived.set()
+        self._taken.append((topic, payload))
+        self._taken_bytes += size
+
     async def _consume(self, client: aiomqtt.Client) -> None:
+        # client.messages yields nothing here (take_messages): iterated, it raises MqttError when the connection is
+        # lost, which ends the session
+        lost = asyncio.ensure_future(self._watch(client))
         loop = asyncio.get_running_loop()
-        async for message in client.messages:
-            # Micro-batching: gather messages for _BATCH_S (or _BATCH_MAX of them), then call the sink once per
-            # channel: one message per reading costs one numpy push per channel and batch, not per message. A sample
-            # reaches the engine at most _BATCH_S late, well within a hop.
-            batches = self._decode(message)
-            deadline, taken = loop.time() + _BATCH_S, 1
-            queue = self._queue
-            try:
-                while queue is not None and taken < _BATCH_MAX:
-                    if queue.empty():
-                        left = deadline - loop.time()
-                        if left <= 0:
-                            break
-                        await asyncio.sleep(min(left, _POLL_S))  # the socket reader fills the queue meanwhile
-                        continue
-                    batches += self._decode(queue.get_nowait())
-                    taken += 1
-            finally:  # cancelled or disconnected meanwhile: what was decoded is still delivered
-                deliver(merge(batches), self.sink, self.counters, self._rate_log)
-
-    def _decode(self, message: aiomqtt.Message) -> list[Batch]:
-        payload = message.payload
-        if not isinstance(payload, bytes | bytearray):  # received messages are bytes; be safe anyway
-            payload = str(payload).encode() if payload is not None else b""
-        return decode_safely(self.decoder, message.topic.value, bytes(payload), self._clock(), self._rate_log)
-
-    def _queue_type(self) -> type[asyncio.Queue[aiomqtt.Message]]:
-        """A queue class for aiomqtt that counts what it discards when full and registers itself here."""
-        source = self
-
-        class _CountingQueue(asyncio.Queue[aiomqtt.Message]):
-            def __init__(self, maxsize: int = 0) -> None:
-                super().__init__(maxsize=source.queue_size)
-                self.nbytes = 0
-                source._queue = self
-
-            def put_nowait(self, item: aiomqtt.Message) -> None:
-                size = _message_bytes(item)
-                # drop the arriving message: the queue holds the oldest, already in order
-                if self.full() or (self.nbytes + size > source.queue_bytes and not self.empty()):
-                    source.counters.queue_full += 1
-                    source._rate_log(logging.WARNING, "queue_full", "incoming queue full (%d messages, %d bytes)",
-                                     self.qsize(), self.nbytes)  # fmt: skip
+        try:
+            while True:
+                arrived = asyncio.ensure_future(self._arrived.wait())
+                await asyncio.wait((arrived, lost), return_when=asyncio.FIRST_COMPLETED)
+                arrived.cancel()
+                if lost.done():
+                    self._deliver()
+                    lost.result()  # raises MqttError
                     return
-                super().put_nowait(item)
-                self.nbytes += size
+                # Micro-batching: gather messages for _BATCH_S (or _BATCH_MAX of them), then call the sink once
+                # per channel. A sample reaches the engine at most _BATCH_S late, well within a hop.
+                deadline = loop.time() + _BATCH_S
+                while len(self._taken) < _BATCH_MAX and (left := deadline - loop.time()) > 0 and not lost.done():
+                    await asyncio.sleep(min(left, _POLL_S))  # the socket reader fills the list meanwhile
+                self._deliver()
+        finally:
+            lost.cancel()
+            self._deliver()  # cancelled meanwhile: what was taken is still delivered
 
-            def get_nowait(self) -> aiomqtt.Message:
-                item = super().get_nowait()
-                self.nbytes -= _message_bytes(item)
-                return item
+    @staticmethod
+    async def _watch(client: aiomqtt.Client) -> None:
+        async for _ in client.messages:
+            pass
 
-        return _CountingQueue
+    def _deliver(self) -> None:
+        """Decode what was taken and hand each channel's samples to the sink in one call."""
+        taken, self._taken, self._taken_bytes = self._taken, [], 0
+        self._arrived.clear()
+        if not taken:
+            return
+        deliver(self.decoder.decode_many(taken, self._clock), self.sink, self.counters, self._rate_log)

@@ -73,6 +73,7 @@ import json
 import logging
 import re
 import string
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -86,7 +87,7 @@ from ..names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .source import Batch, IngestCounters, RateLimitedLog
 from .values import array_len, is_number, sample_array, sample_value, time_scalar
 
-__all__ = ["Batch", "PayloadDecoder"]
+__all__ = ["Batch", "Gather", "PayloadDecoder"]
 
 log = logging.getLogger("streamcorr.ingest.payload")
 
@@ -117,6 +118,54 @@ class _Topic:
 
     def __getitem__(self, index: int | str) -> str:
         return self.levels[int(index)]  # str.format passes "-1" as a string, 0 as an int
+
+
+class Gather:
+    """Decoded samples per channel, in order: single samples in lists, arrays as they come; ``batches()`` makes
+    one (t_s, values) pair of float64 arrays per channel.
+
+    >>> g = Gather()
+    >>> g.sample("a", 1.0, 5.0); g.samples("a", np.array([2.0, 3.0]), np.array([6.0, 7.0])); g.sample("b", 1.0, 0.5)
+    >>> [(b.channel, b.t_s.tolist(), b.values.tolist()) for b in g.batches()], g.count
+    ([('a', [1.0, 2.0, 3.0], [5.0, 6.0, 7.0]), ('b', [1.0], [0.5])], 4)
+    """
+
+    __slots__ = ("_arrays", "_t", "_v", "count")
+
+    def __init__(self) -> None:
+        self._t: dict[str, list[Any]] = {}  # channel -> floats, or arrays where _arrays holds it
+        self._v: dict[str, list[Any]] = {}
+        self._arrays: set[str] = set()
+        self.count = 0  # samples gathered
+
+    def sample(self, channel: str, t_s: float, value: float) -> None:
+        ts = self._t.get(channel)
+        if ts is None:
+            self._t[channel], self._v[channel] = [t_s], [value]
+        else:
+            ts.append(t_s)
+            self._v[channel].append(value)
+        self.count += 1
+
+    def samples(self, channel: str, t_s: np.ndarray, values: np.ndarray) -> None:
+        self._t.setdefault(channel, []).append(t_s)
+        self._v.setdefault(channel, []).append(values)
+        self._arrays.add(channel)
+        self.count += len(t_s)
+
+    def batches(self) -> list[Batch]:
+        out = []
+        for channel, ts in self._t.items():
+            vs = self._v[channel]
+            if channel not in self._arrays:
+                out.append(Batch(channel, np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64)))
+            elif len(ts) == 1:
+                out.append(Batch(channel, ts[0], vs[0]))
+            else:
+                t = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in ts])
+                v = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in vs])
+                out.append(Batch(channel, t, v))
+        return out
 
 
 class PayloadDecoder:
@@ -168,28 +217,47 @@ class PayloadDecoder:
     # -- public -----------------------------------------------------------------------------------
     def decode(self, topic: str, payload: bytes, arrival_s: float) -> list[Batch]:
         """Samples in one message, one batch per channel; bad items are counted, never raised."""
+        gather = Gather()
+        self._decode_into(gather, topic, payload, arrival_s)
+        return gather.batches()
+
+    def decode_many(self, messages: Iterable[tuple[str, bytes]], clock: Callable[[], float]) -> list[Batch]:
+        """Samples of many messages, one batch per channel in message order: a reading's one sample per message
+        costs a list append, and each channel one array at the end. ``clock()`` stamps each message's arrival.
+        A decoder bug on a message is counted ("internal") and logged, and the next message decoded."""
+        gather = Gather()
+        for topic, payload in messages:
+            try:
+                self._decode_into(gather, topic, payload, clock())
+            except Exception:
+                self.counters.drop("internal")
+                self._rate_log(logging.ERROR, "internal", "decoder failed on a message for %r", topic, exc_info=True)
+        return gather.batches()
+
+    def _decode_into(self, gather: Gather, topic: str, payload: bytes, arrival_s: float) -> None:
         self.counters.messages += 1
         self._msg_drops = 0
         if len(payload) > self.max_payload_bytes:
-            return self._reject(topic, "oversize", f"{len(payload)} bytes > max_payload_bytes")
+            return self._drop(topic, "oversize", f"{len(payload)} bytes > max_payload_bytes")
         if len(payload) == 0:
-            return self._reject(topic, "empty", "zero-length payload")
+            return self._drop(topic, "empty", "zero-length payload")
         if len(topic) > self.max_topic_bytes or len(topic.encode("utf-8", "surrogatepass")) > self.max_topic_bytes:
-            return self._reject(topic[:64], "topic", f"topic longer than max_topic_bytes ({self.max_topic_bytes})")
+            return self._drop(topic[:64], "topic", f"topic longer than max_topic_bytes ({self.max_topic_bytes})")
         try:
             obj = self._parse(bytes(payload))
         except Exception as exc:  # any parser failure (ValueError, RecursionError, msgpack errors) is "decode"
-            return self._reject(topic, "decode", self._undecodable(payload, exc))
+            return self._drop(topic, "decode", self._undecodable(payload, exc))
+        before = gather.count
         if isinstance(obj, dict):
-            out = self._object(topic, obj, arrival_s)
+            self._object(gather, topic, obj, arrival_s)
         elif is_number(obj) or obj is None:
-            out = self._fields(topic, {"value": obj}, arrival_s)
+            self._fields(gather, topic, {"value": obj}, arrival_s)
         else:
-            return self._reject(topic, "schema", f"top level is {type(obj).__name__}, not a number or object")
-        if not out and not self._msg_drops:  # nothing to decode and nothing wrong: still accounted for
+            return self._drop(topic, "schema", f"top level is {type(obj).__name__}, not a number or object")
+        if gather.count == before and not self._msg_drops:  # nothing to decode and nothing wrong: still accounted
             self._drop(topic, "empty", "no samples in the message")
-        self.counters.samples_decoded += sum(len(b.t_s) for b in out)
-        return out
+        self.counters.samples_decoded += gather.count - before
+        return None
 
     def channel(self, topic: str, key: str) -> str | None:
         """The channel name for a topic and field, or None where the template cannot be filled or the name
@@ -250,10 +318,6 @@ class PayloadDecoder:
         fmt = "JSON" if self.format in ("auto", "json") else self.format
         return f"not valid {fmt} ({type(exc).__name__}: {str(exc)[:120]}): {shown}"
 
-    def _reject(self, topic: str, reason: str, detail: str, n: int = 1) -> list[Batch]:
-        self._drop(topic, reason, detail, n)
-        return []
-
     def _drop(self, topic: str, reason: str, detail: str, n: int = 1) -> None:
         if n <= 0:
             return
@@ -262,16 +326,16 @@ class PayloadDecoder:
         self._rate_log(logging.WARNING, reason, "dropped %d item(s) on %r: %s (%s)", n, topic, reason, detail)
 
     # -- shapes -----------------------------------------------------------------------------------
-    def _object(self, topic: str, obj: dict[Any, Any], arrival_s: float) -> list[Batch]:
+    def _object(self, gather: Gather, topic: str, obj: dict[Any, Any], arrival_s: float) -> None:
         if self.seq_field is not None and self.seq_field in obj:
             self._sequence(topic, obj[self.seq_field])
         if "channels" in obj:
-            return self._chunk(topic, obj)
+            return self._chunk(gather, topic, obj)
         for key in ("t0", "dt"):
             if key in obj and key != self.time_field:
                 self._drop(topic, "schema", f"{key!r} outside a chunk")
         fields = {k: v for k, v in obj.items() if k not in self._reserved}
-        return self._fields(topic, fields, arrival_s, obj.get(self.time_field, _MISSING))
+        return self._fields(gather, topic, fields, arrival_s, obj.get(self.time_field, _MISSING))
 
     def _sequence(self, topic: str, seq: Any) -> None:
         if type(seq) is not int:
@@ -291,19 +355,20 @@ class PayloadDecoder:
             self._seq_bytes += size
         self._last_seq[topic] = seq
 
-    def _fields(self, topic: str, fields: dict[Any, Any], arrival_s: float, t_raw: Any = _MISSING) -> list[Batch]:
+    def _fields(
+        self, gather: Gather, topic: str, fields: dict[Any, Any], arrival_s: float, t_raw: Any = _MISSING
+    ) -> None:
         if not fields:
-            return []
+            return None
         if len(fields) > self.max_samples_per_message:
-            return self._reject(topic, "too_many_samples", f"{len(fields)} fields", len(fields))
+            return self._drop(topic, "too_many_samples", f"{len(fields)} fields", len(fields))
         if t_raw is _MISSING:
             t_s = arrival_s
         else:
             t = time_scalar(t_raw)
             t_s = t * self.time_scale if t is not None else float("nan")
             if not abs(t_s) < MAX_ABS_T_S:  # also catches NaN
-                return self._reject(topic, "time", f"bad time {t_raw!r:.40}", len(fields))
-        names, values = [], []
+                return self._drop(topic, "time", f"bad time {t_raw!r:.40}", len(fields))
         for key, raw in fields.items():
             if not isinstance(key, str):
                 self._drop(topic, "key", f"field name {key!r:.40} is not a string")
@@ -316,25 +381,21 @@ class PayloadDecoder:
             if reason:
                 self._drop(topic, reason, f"field {key!r:.40} = {raw!r:.40}")
                 continue
-            names.append(name)
-            values.append(value)
-        # one time array and one value array, viewed per channel: a message of many fields stays cheap
-        t_arr, v_arr = np.array([t_s]), np.array(values, dtype=np.float64)
-        return [Batch(name, t_arr, v_arr[k : k + 1]) for k, name in enumerate(names)]
+            gather.sample(name, t_s, value)
+        return None
 
-    def _chunk(self, topic: str, obj: dict[Any, Any]) -> list[Batch]:
+    def _chunk(self, gather: Gather, topic: str, obj: dict[Any, Any]) -> None:
         chans = obj["channels"]
         if not isinstance(chans, dict) or not chans:
-            return self._reject(topic, "schema", "'channels' must be a non-empty object of arrays")
+            return self._drop(topic, "schema", "'channels' must be a non-empty object of arrays")
         for key in obj:
             if key not in self._reserved:
                 self._drop(topic, "schema", f"unknown key {key!r:.40} in a chunk")
         sizes = {key: array_len(arr) for key, arr in chans.items()}
         total = sum(n if n is not None else 1 for n in sizes.values())
         if total > self.max_samples_per_message:
-            return self._reject(topic, "too_many_samples", f"{total} samples", total)
+            return self._drop(topic, "too_many_samples", f"{total} samples", total)
         times = self._chunk_times(topic, obj)
-        out = []
         for key, arr in chans.items():
             n = sizes[key]
             count = n if n is not None else 1
@@ -368,10 +429,10 @@ class PayloadDecoder:
             if n == 0:
                 continue
             if keep.all():
-                out.append(Batch(name, t_s.astype(np.float64, copy=False), values))
+                gather.samples(name, t_s.astype(np.float64, copy=False), values)
             elif keep.any():
-                out.append(Batch(name, t_s[keep], values[keep]))
-        return out
+                gather.samples(name, t_s[keep], values[keep])
+        return None
 
     def _chunk_times(self, topic: str, obj: dict[Any, Any]) -> np.ndarray | tuple[float, float] | None:
         """Times in seconds: an array (NaN where invalid), (t0_s, dt_s), or None where unusable."""

@@ -285,18 +285,23 @@ def test_mqtt_source_drops_long_topics_from_a_real_broker(mqtt_broker):
 
 
 def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
-    """The MQTT source's incoming queue refuses (and counts as queue_full) a message that would take it past
-    queue_bytes, however few messages it holds; taking one out frees its bytes."""
+    """The MQTT source refuses (and counts as queue_full) a received message that would take its list of messages
+    waiting to be decoded past queue_bytes, however few it holds; decoding them frees their bytes."""
     np.random.default_rng(54)
-    src = MqttSource(settings=MqttConnection(), topics=["x/#"], decoder=PayloadDecoder(), sink=lambda c, t, v: len(t),
+    got: list[int] = []
+    def sink(channel: str, t: np.ndarray, v: np.ndarray) -> int:
+        got.append(len(t))
+        return len(t)
+
+    src = MqttSource(settings=MqttConnection(), topics=["x/#"], decoder=PayloadDecoder(), sink=sink,
                      queue_size=1000, queue_bytes=100_000)  # fmt: skip
-    inbox = src._queue_type()()
-    for k in range(10):
-        inbox.put_nowait(aiomqtt.Message("x/y", b"1" * 30_000, qos=0, retain=False, mid=k, properties=None))
-    assert inbox.qsize() == 3 and src.counters.queue_full == 7 and src.queue_depth == 3
-    inbox.get_nowait()
-    inbox.put_nowait(aiomqtt.Message("x/y", b"1" * 30_000, qos=0, retain=False, mid=11, properties=None))
-    assert inbox.qsize() == 3 and src.counters.queue_full == 7
+    for _ in range(10):
+        src._take("x/y", b"1" * 30_000)
+    assert src.queue_depth == 3 and src.counters.queue_full == 7
+    src._deliver()
+    assert src.queue_depth == 0 and sum(got) == 3
+    src._take("x/y", b"1" * 30_000)
+    assert src.queue_depth == 1 and src.counters.queue_full == 7
 
 
 def test_zmq_many_frame_message_is_read_a_frame_at_a_time():
