@@ -148,9 +148,14 @@ class MqttSource:
         if any(c >= 0x80 for c in codes):  # the broker refused (ACL, bad filter): say so, keep the rest
             log.error("broker refused subscription to %r (reason codes %s)", topic, codes)
 
-    def _take(self, topic: str, payload: bytes) -> None:
+    def _take(self, topic: str | None, payload: bytes) -> None:
         """One received message (paho's callback, in the event loop's thread): kept for the next batch, or
-        dropped and counted when the list is full."""
+        dropped and counted when the list is full (or its topic is not UTF-8)."""
+        if topic is None:
+            self.counters.messages += 1
+            self.counters.drop("topic")
+            self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8")
+            return
         size = len(topic) + len(payload)
         if len(self._taken) >= self.queue_size or (self._taken_bytes + size > self.queue_bytes and self._taken):
             self.counters.queue_full += 1  # the arriving message goes: the list holds the oldest, in order

@@ -289,6 +289,7 @@ def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
     waiting to be decoded past queue_bytes, however few it holds; decoding them frees their bytes."""
     np.random.default_rng(54)
     got: list[int] = []
+
     def sink(channel: str, t: np.ndarray, v: np.ndarray) -> int:
         got.append(len(t))
         return len(t)

@@ -16,6 +16,7 @@ from streamcorr.config import MqttConnection
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.mqtt import MqttSource
 from streamcorr.ingest.payload import PayloadDecoder
+from streamcorr.transport.mqtt import READ_CHUNK, READS_PER_WAKEUP
 from tests.brokers import (
     HOSTILE_CHANNELS,
     HOSTILE_DECODER,
@@ -129,6 +130,46 @@ def test_a_burst_arrives_whole_and_in_order(mqtt_broker):
     sink = asyncio.run(main())
     assert [v for _, _, v in sink.samples] == values.tolist()
     assert [t for _, t, _ in sink.samples] == pytest.approx([1.0 + k / 100 for k in range(3000)])
+
+
+def test_messages_larger_than_a_read_chunk_arrive_whole_between_small_ones(mqtt_broker):
+    """Chunks of 600 KB and 300 KB (more socket reads than one wake-up makes) between single readings reach the
+    sink with every sample, in order; a topic that is not UTF-8 is counted, not raised (handed to the source
+    directly: Mosquitto refuses such topics)."""
+    rng = np.random.default_rng(32)
+    host, port = mqtt_broker
+    topic = f"streamcorr-test/{uuid.uuid4().hex}/dev"
+    big = [rng.standard_normal(n) for n in (15_000, 7_500)]
+    t_next = iter(np.arange(1.0, 100.0, 0.001).tolist())
+
+    def chunk(values: np.ndarray) -> bytes:
+        return json.dumps({"t": [next(t_next) for _ in values], "channels": {"v": values.tolist()}}).encode()
+
+    small = rng.standard_normal(6)
+    messages = [json.dumps({"t": next(t_next), "v": small[0]}).encode(), chunk(big[0])]
+    messages += [json.dumps({"t": next(t_next), "v": x}).encode() for x in small[1:4]]
+    messages += [chunk(big[1]), *[json.dumps({"t": next(t_next), "v": x}).encode() for x in small[4:]]]
+    assert len(messages[1]) > len(messages[5]) > READS_PER_WAKEUP * READ_CHUNK  # more than one wake-up reads
+    want = [small[0], *big[0], *small[1:4], *big[1], *small[4:]]
+
+    async def main() -> tuple[ListSink, MqttSource]:
+        sink = ListSink()
+        src = MqttSource(settings=MqttConnection(host=host, port=port), topics=[topic],
+                         decoder=PayloadDecoder(channel_template="dev.{key}"), sink=sink)  # fmt: skip
+        task = asyncio.create_task(src.run())
+        await until(lambda: src.connected, what="connect and subscribe")
+        async with aiomqtt.Client(host, port) as client:
+            for m in messages:
+                await client.publish(topic, m)
+        await until(lambda: len(sink.samples) == len(want), what="every sample", timeout_s=10)
+        await stop(task)
+        return sink, src
+
+    sink, src = asyncio.run(main())
+    assert [v for _, _, v in sink.samples] == [float(x) for x in want]
+    assert src.counters.messages == len(messages) and src.counters.dropped == 0
+    src._take(None, b"1.0")  # what paho hands on for a topic that is not UTF-8
+    assert src.counters.drops == {"topic": 1} and src.counters.messages == len(messages) + 1
 
 
 def test_bare_numbers_and_malformed_from_mosquitto_pub(mqtt_broker):

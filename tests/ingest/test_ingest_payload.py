@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from streamcorr.config import Payload, parse_config
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.payload import PayloadDecoder
+from streamcorr.ingest.source import merge
 from tests.brokers import HOSTILE_DECODER, hostile_corpus
 
 
@@ -301,3 +302,23 @@ def test_property_arbitrary_bytes_never_raise(payload):
     dec = PayloadDecoder()
     dec.decode("a/b", payload, 0.0)
     assert dec.counters.samples_decoded + dec.counters.dropped >= 1
+
+
+def test_decode_many_equals_decoding_each_message_and_merging():
+    """decode_many over a mix of readings, chunks and hostile payloads gives the batches (channels in first-seen
+    order, samples in message order) and the ledger of decoding each message alone and merging per channel."""
+    rng = np.random.default_rng(95)
+    frames, _ = hostile_corpus(rng, 400, "hm")
+    messages = [(f[0].decode("utf-8", "replace"), f[1]) for f in frames if len(f) == 2]
+    messages += [("hm/dev", json.dumps({"t": 2000.0 + k, "x": float(k), "y": -float(k)}).encode()) for k in range(5)]
+    arrivals = [1e9 + 0.001 * k for k in range(len(messages))]
+    one, many = PayloadDecoder(**HOSTILE_DECODER), PayloadDecoder(**HOSTILE_DECODER)
+    singles = [b for (topic, payload), a in zip(messages, arrivals, strict=True) for b in one.decode(topic, payload, a)]
+    clock = iter(arrivals)
+    gathered = many.decode_many(messages, lambda: next(clock))
+    want = merge(singles)
+    assert [b.channel for b in gathered] == [b.channel for b in want]
+    for got, ref in zip(gathered, want, strict=True):
+        np.testing.assert_array_equal(got.t_s, ref.t_s)
+        np.testing.assert_array_equal(got.values, ref.values)
+    assert many.counters == one.counters and sum(len(b.t_s) for b in gathered) == one.counters.samples_decoded

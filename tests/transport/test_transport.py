@@ -4,8 +4,10 @@ socket plumbing shared by the sources, the sinks and the Subscriber."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
+import socket
 
 import aiomqtt
 import numpy as np
@@ -16,7 +18,14 @@ import zmq.asyncio
 from streamcorr.config import MqttConnection, Tls
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.source import IngestCounters
-from streamcorr.transport.mqtt import check_settings, jittered_backoff, keep_connected
+from streamcorr.transport.mqtt import (
+    READ_CHUNK,
+    READS_PER_WAKEUP,
+    BufferedSocket,
+    check_settings,
+    jittered_backoff,
+    keep_connected,
+)
 from streamcorr.transport.zmq import attach, check_endpoint, make_socket
 from tests.brokers import free_port, until
 
@@ -119,3 +128,33 @@ def test_zmq_plumbing_checks_endpoints_sets_limits_and_names_what_cannot_bind():
         assert attach(sub, where, bind=False, what="test subscriber") == where
     finally:
         ctx.destroy(linger=0)
+
+
+def test_buffered_socket_hands_out_every_byte_and_yields_after_a_few_reads():
+    """A BufferedSocket returns the stream byte for byte however it is asked for it, reads READ_CHUNK at a time,
+    and after READS_PER_WAKEUP reads in one drain reports "would block" once (the event loop's turn), keeping
+    what it has not handed out (pending(), the bytes read and not yet handed out, is then 0)."""
+    rng = np.random.default_rng(72)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    data = rng.integers(0, 256, (READS_PER_WAKEUP + 2) * READ_CHUNK, dtype=np.uint8).tobytes()
+    a.sendall(data)
+    a.close()
+    b.setblocking(False)
+    sock = BufferedSocket(b)
+    got, yields = bytearray(), 0
+    sizes = itertools.cycle([1, 1, 7, 300, 5000])
+    while True:
+        try:
+            piece = sock.recv(next(sizes))
+        except BlockingIOError:
+            yields += 1
+            assert sock.pending() == 0  # nothing read is held back when it yields
+            continue
+        if not piece:
+            break
+        got += piece
+    assert bytes(got) == data and yields >= 1
+    assert sock.fileno() == b.fileno()  # the rest is the socket's
+    b.close()
