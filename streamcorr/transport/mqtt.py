@@ -170,14 +170,15 @@ def take_messages(
     """Before connecting: hand each received message's topic (None where it is not UTF-8) and payload straight to
     ``on_message`` (called in the event loop's thread), and read the socket in chunks (:class:`BufferedSocket`).
 
-    aiomqtt's own path (a Message object, a queue and a task switch per message) and paho's three reads per
-    packet cost about 18 and 4 us of the 33 us a small message took (bench.mqtt_burst): the MQTT source takes
-    messages here instead. ``client.messages`` then yields nothing and, iterated, still raises MqttError when
-    the connection is lost. Relies on aiomqtt 2's paho client (``client._client``) and on paho 2 keeping its
-    socket in ``_sock``; RuntimeError if they are not there (pyproject pins both majors).
+    aiomqtt's own path (a Message object, a queue and a task switch per message), paho's three reads per packet
+    and its per-topic callback matching cost about 18, 4 and 2 us of the 33 us a small message took
+    (bench.mqtt_burst): the MQTT source takes messages here instead. ``client.messages`` then yields nothing
+    and, iterated, still raises MqttError when the connection is lost. Relies on aiomqtt 2's paho client
+    (``client._client``), on paho 2 keeping its socket in ``_sock`` and handing each message to
+    ``_handle_on_message``; RuntimeError if they are not there (pyproject pins both majors).
     ``receive_buffer_bytes`` > 0 sets the socket's receive buffer (SO_RCVBUF), logged when the kernel grants less."""
     inner = getattr(client, "_client", None)
-    if not isinstance(inner, paho.Client) or not hasattr(inner, "_sock"):
+    if not isinstance(inner, paho.Client) or not hasattr(inner, "_sock") or not hasattr(inner, "_handle_on_message"):
         raise RuntimeError("this aiomqtt or paho-mqtt is not the one streamcorr was built for (aiomqtt 2, paho 2)")
     opened = inner.on_socket_open
 
@@ -188,7 +189,7 @@ def take_messages(
         if opened is not None:
             opened(paho_client, userdata, sock)
 
-    def on_paho_message(paho_client: paho.Client, userdata: Any, message: paho.MQTTMessage) -> None:
+    def handle_message(message: paho.MQTTMessage) -> None:
         try:
             topic: str | None = message.topic
         except UnicodeDecodeError:  # a broker that passes on a topic that is not UTF-8
@@ -196,7 +197,7 @@ def take_messages(
         on_message(topic, bytes(message.payload))  # bytes already: no copy
 
     inner.on_socket_open = on_socket_open
-    inner.on_message = on_paho_message
+    inner._handle_on_message = handle_message  # type: ignore[method-assign]  # no per-topic callbacks: no matching
 
 
 def jittered_backoff(min_s: float, max_s: float, rng: random.Random | None = None) -> Iterator[float]:
