@@ -418,12 +418,21 @@ HEADLINES = (
         "ingest into the engine, 2 min per transport",
         "ingest_load",
         "python -m bench.ingest_load all",
-        "ZeroMQ {} samples/s; MQTT through Mosquitto {} messages/s, {} lost",
+        "ZeroMQ {} samples/s; MQTT through Mosquitto {} messages/s, {} lost, {}% of a core",
         (
             (("runs", 0, "steady_samples_per_s"), ",.0f"),
             (("runs", 1, "steady_msg_per_s"), ",.0f"),
             (("runs", 1, "lost_messages"), "d"),
+            (("runs", 1, "consumer_cpu_pct"), ".0f"),
         ),
+    ),
+    Headline(
+        "MQTT burst: 300,000 JSON messages (8 topics, QoS 0) as fast as a paho publisher sends them, beside "
+        "`mosquitto_sub`",
+        "mqtt_burst",
+        "python -m bench.mqtt_burst --repeats 5",
+        "the source took a median {} of what mosquitto_sub took",
+        ((("median_share",), ".1%"),),
     ),
     Headline(
         "estimator at T = 2000, batched, against KSG-3 (scikit-learn, k = 3)",
