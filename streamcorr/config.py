@@ -26,7 +26,8 @@ __all__ = ["Config", "load_config", "parse_config"]
 
 # defaults the parts share, each defined here once; infonet-v2 is at or above v1 (models/README.md)
 SHIPPED_WEIGHTS, DEFAULT_WEIGHTS_NAME = ("infonet-v1", "infonet-v2"), "infonet-v2"
-MQTT_RECEIVE_BUFFER = 4 << 20  # bytes: about 50,000 small JSON messages, a second of a fast burst
+MQTT_RECEIVE_BUFFER = 4 << 20  # bytes: a fraction of a second of a fast burst of small messages
+MIN_RECEIVE_BUFFER = 64 << 10  # bytes: a smaller fixed buffer starves the reader
 SCREENING: Literal["auto", "on", "off"] = "auto"  # auto: screen when the pairs exceed the network's hop budget
 MAX_AGE_S = 120.0  # a backstop network estimate per pair (engine/scheduler.py says why 120 s)
 HOP_S = 1.0  # seconds between evaluations when neither window.hop_samples nor window.hop_s is given
@@ -116,12 +117,19 @@ class MqttConnection(_Strict):
 class MqttSourceConfig(MqttConnection, Payload):
     type: Literal["mqtt"]  # this table's keys apply with type: mqtt
     topics: list[str] = Field(min_length=1)  # subscriptions, MQTT wildcards allowed (sensors/#)
-    # messages waiting to be decoded, at most; beyond, counted as queue_full
+    # messages waiting to be decoded, at most: a batch is decoded once it holds this many (at most 1,000)
     queue_size: int = Field(10_000, ge=1, le=1_000_000)
-    queue_bytes: int = Field(64 << 20, ge=1 << 16, le=4 << 30)  # topics + payloads waiting, at most
-    # the socket's receive buffer: holds a burst while decoding catches up (the kernel caps it at
-    # net.core.rmem_max); 0: the kernel's own, grown as the reader keeps up
-    receive_buffer_bytes: int = Field(MQTT_RECEIVE_BUFFER, ge=0, le=1 << 30)
+    queue_bytes: int = Field(64 << 20, ge=1 << 16, le=4 << 30)  # ... or this many bytes of topics and payloads
+    # the socket's receive buffer, fixed: holds a burst while decoding catches up. Above net.core.rmem_max (a
+    # stock kernel's is 208 KiB) it is not set, and the kernel's own auto-tuned buffer serves, as with 0
+    receive_buffer_bytes: int = Field(MQTT_RECEIVE_BUFFER, ge=0, le=1 << 30, strict=True)
+
+    @field_validator("receive_buffer_bytes")
+    @classmethod
+    def _receive_buffer_floor(cls, v: int) -> int:
+        if 0 < v < MIN_RECEIVE_BUFFER:
+            raise ValueError(f"must be 0 (the kernel's own buffer) or at least {MIN_RECEIVE_BUFFER} bytes; got {v}")
+        return v
 
 
 class ZmqSourceConfig(Payload):
@@ -353,6 +361,27 @@ class Config(_Strict):
     outputs: Outputs = Outputs()
     http: Http = Http()
     logging: Logging = Logging()
+
+    @model_validator(mode="after")
+    def _no_output_loop(self) -> Config:
+        """An MQTT source on the output's broker that subscribes to the output's topics would ingest the daemon's
+        own snapshots and events."""
+        from paho.mqtt.client import topic_matches_sub
+
+        out = self.outputs.mqtt
+        if out is None:
+            return self
+        for k, src in enumerate(self.sources):
+            if not isinstance(src, MqttSourceConfig) or (src.host, src.port) != (out.host, out.port):
+                continue
+            for pattern in src.topics:
+                hit = next((f"{out.prefix}/{s}" for s in ("snapshot", "pairs", "event", "status")
+                            if topic_matches_sub(pattern, f"{out.prefix}/{s}")), None)  # fmt: skip
+                if hit is not None:
+                    raise ValueError(f"sources.{k}.topics: {pattern!r} matches the MQTT output's topic {hit!r}, so the "
+                                     "daemon would read its own output; give outputs.mqtt.prefix a topic outside the "
+                                     "sources' filters")  # fmt: skip
+        return self
 
     def hop_samples(self) -> int:
         if self.window.hop_samples is not None:

@@ -8,16 +8,13 @@ and a fixed ``client_id`` the broker may keep them for the session).
 
 Receiving: paho hands each message's topic and payload straight to the source
 (:func:`streamcorr.transport.mqtt.take_messages`: no per-message object, queue or task switch), reading the
-socket in chunks; every ``_BATCH_S`` the messages taken are decoded and each channel's samples reach the sink in
-one push.
-
-A burst waits in the socket's receive buffer (``receive_buffer_bytes``, 4 MiB by default, as far as the kernel's
-``net.core.rmem_max`` allows) while decoding catches up; beyond it the broker drops messages for a slow client
-(QoS 0), seen as ``seq_gaps``.
-
-Backpressure: received messages wait in a list of at most ``queue_size`` messages and ``queue_bytes``
-bytes (topics and payloads). When either is reached the arriving message is discarded undecoded and
-counted in ``counters.queue_full``. Memory held for one message beyond that is the broker's largest message
+socket in chunks. Messages are decoded in batches, and each channel's samples reach the sink in one push: a
+batch is decoded as soon as it holds ``queue_size`` messages (at most 1,000) or ``queue_bytes`` bytes (topics
+and payloads), and otherwise ``_BATCH_S`` after its first message. So at most that much waits undecoded, and
+the source itself drops nothing: a burst faster than decoding waits in the socket's receive buffer
+(``receive_buffer_bytes``: fixed where the kernel's ``net.core.rmem_max`` allows it, auto-tuned otherwise),
+and beyond it the broker drops messages for a slow client (QoS 0), which the ledger sees as ``seq_gaps`` where
+messages carry a ``seq``. Memory held for one message beyond a batch is the broker's largest message
 (Mosquitto's ``message_size_limit``; set it, as the MQTT maximum is 256 MiB).
 """
 
@@ -30,7 +27,7 @@ import aiomqtt
 
 from ..config import MQTT_RECEIVE_BUFFER, MqttConnection
 from ..errors import ConfigError
-from ..transport.mqtt import check_settings, keep_connected, make_client, take_messages
+from ..transport.mqtt import check_settings, keep_connected, make_client, receive_buffer_plan, take_messages
 from .payload import PayloadDecoder
 from .source import ArrivalClock, IngestCounters, RateLimitedLog, SampleSink, deliver
 
@@ -38,9 +35,8 @@ __all__ = ["MqttSource"]
 
 log = logging.getLogger("streamcorr.ingest.mqtt")
 
-_BATCH_MAX = 1000  # messages decoded before the sink is called (only reached while behind)
+_BATCH_MAX = 1000  # messages decoded at once, at most (a batch fills only while messages arrive fast)
 _BATCH_S = 0.05  # a batch gathers this long: each channel's samples reach the engine in one push, not one by one
-_POLL_S = 0.005  # how often a gathering batch looks at the queue
 
 
 def check_topic_filter(topic: str) -> None:
@@ -97,7 +93,9 @@ class MqttSource:
         self.sink = sink
         self.queue_size = queue_size
         self.queue_bytes = queue_bytes
+        self._batch_len = min(_BATCH_MAX, queue_size)
         self.receive_buffer_bytes = receive_buffer_bytes
+        self._receive_buffer = receive_buffer_bytes  # what run() sets, within the kernel's limit
         self.counters: IngestCounters = decoder.counters  # one ledger: decode drops and transport stats
         self.connected = False
         self._taken: list[tuple[str, bytes]] = []  # (topic, payload) received, not yet decoded
@@ -114,6 +112,7 @@ class MqttSource:
     async def run(self) -> None:
         """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning.
         Raises ConfigError only for settings that cannot work (TLS files that cannot be read)."""
+        self._receive_buffer = receive_buffer_plan(self.receive_buffer_bytes, "MQTT source")
         await keep_connected(
             self.settings,
             self._session,
@@ -125,7 +124,7 @@ class MqttSource:
 
     def _new_client(self) -> aiomqtt.Client:
         client = make_client(self.settings)
-        take_messages(client, self._take, receive_buffer_bytes=self.receive_buffer_bytes)
+        take_messages(client, self._take, receive_buffer_bytes=self._receive_buffer)
         return client
 
     async def _session(self, client: aiomqtt.Client) -> None:
@@ -149,44 +148,35 @@ class MqttSource:
             log.error("broker refused subscription to %r (reason codes %s)", topic, codes)
 
     def _take(self, topic: str | None, payload: bytes) -> None:
-        """One received message (paho's callback, in the event loop's thread): kept for the next batch, or
-        dropped and counted when the list is full (or its topic is not UTF-8)."""
+        """One received message (paho's callback, in the event loop's thread): into the batch, which is decoded at
+        once when full. A topic that is not UTF-8 is counted and dropped."""
         if topic is None:
             self.counters.messages += 1
             self.counters.drop("topic")
             self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8")
             return
-        size = len(topic) + len(payload)
-        if len(self._taken) >= self.queue_size or (self._taken_bytes + size > self.queue_bytes and self._taken):
-            self.counters.queue_full += 1  # the arriving message goes: the list holds the oldest, in order
-            self._rate_log(logging.WARNING, "queue_full", "incoming queue full (%d messages, %d bytes)",
-                           len(self._taken), self._taken_bytes)  # fmt: skip
-            return
-        if not self._taken:
-            self._arrived.set()
         self._taken.append((topic, payload))
-        self._taken_bytes += size
+        self._taken_bytes += len(topic) + len(payload)
+        if len(self._taken) >= self._batch_len or self._taken_bytes >= self.queue_bytes:
+            self._deliver()
+        elif len(self._taken) == 1:
+            self._arrived.set()
 
     async def _consume(self, client: aiomqtt.Client) -> None:
         # client.messages yields nothing here (take_messages): iterated, it raises MqttError when the connection is
         # lost, which ends the session
         lost = asyncio.ensure_future(self._watch(client))
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 arrived = asyncio.ensure_future(self._arrived.wait())
                 await asyncio.wait((arrived, lost), return_when=asyncio.FIRST_COMPLETED)
                 arrived.cancel()
+                if not lost.done():  # a batch that does not fill gathers for _BATCH_S: well within a hop
+                    await asyncio.wait((lost,), timeout=_BATCH_S)
+                self._deliver()
                 if lost.done():
-                    self._deliver()
                     lost.result()  # raises MqttError
                     return
-                # Micro-batching: gather messages for _BATCH_S (or _BATCH_MAX of them), then call the sink once
-                # per channel. A sample reaches the engine at most _BATCH_S late, well within a hop.
-                deadline = loop.time() + _BATCH_S
-                while len(self._taken) < _BATCH_MAX and (left := deadline - loop.time()) > 0 and not lost.done():
-                    await asyncio.sleep(min(left, _POLL_S))  # the socket reader fills the list meanwhile
-                self._deliver()
         finally:
             lost.cancel()
             self._deliver()  # cancelled meanwhile: what was taken is still delivered

@@ -21,6 +21,7 @@ import random
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiomqtt
@@ -39,6 +40,7 @@ __all__ = [
     "jittered_backoff",
     "keep_connected",
     "make_client",
+    "receive_buffer_plan",
     "take_messages",
     "tls_context",
 ]
@@ -152,16 +154,31 @@ class BufferedSocket:
         return getattr(self._sock, name)
 
 
+RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
+
+
+def receive_buffer_plan(size: int, name: str) -> int:
+    """The receive buffer to set for ``size`` bytes asked for: ``size``, or 0 (leave the kernel's auto-tuned
+    buffer) where the kernel would cap it at net.core.rmem_max, since a fixed buffer of that cap holds less than
+    auto-tuning grows to. Logged once, naming the source."""
+    if size <= 0:
+        return 0
+    try:
+        cap = int(RMEM_MAX.read_text())
+    except (OSError, ValueError):  # not Linux, or hidden: ask, and the kernel grants what it grants
+        return size
+    if size > cap:
+        _log.info("%s: receive_buffer_bytes %d is above net.core.rmem_max (%d): the kernel's auto-tuned receive "
+                  "buffer is used (raise rmem_max to fix %d bytes)", name, size, cap, size)  # fmt: skip
+        return 0
+    return size
+
+
 def _set_receive_buffer(sock: Any, size: int) -> None:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
-        granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2  # Linux reports twice what it grants
     except (OSError, AttributeError) as exc:
-        _log.info("MQTT: cannot set the receive buffer to %d bytes (%s); the kernel's default is used", size, exc)
-        return
-    if granted < size:
-        _log.info("MQTT: the kernel granted a receive buffer of %d of the %d bytes asked for (raise "
-                  "net.core.rmem_max for more)", granted, size)  # fmt: skip
+        _log.info("MQTT: cannot set the receive buffer to %d bytes (%s); the kernel's own is used", size, exc)
 
 
 def take_messages(
@@ -176,7 +193,7 @@ def take_messages(
     and, iterated, still raises MqttError when the connection is lost. Relies on aiomqtt 2's paho client
     (``client._client``), on paho 2 keeping its socket in ``_sock`` and handing each message to
     ``_handle_on_message``; RuntimeError if they are not there (pyproject pins both majors).
-    ``receive_buffer_bytes`` > 0 sets the socket's receive buffer (SO_RCVBUF), logged when the kernel grants less."""
+    ``receive_buffer_bytes`` > 0 fixes the socket's receive buffer (SO_RCVBUF; see :func:`receive_buffer_plan`)."""
     inner = getattr(client, "_client", None)
     if not isinstance(inner, paho.Client) or not hasattr(inner, "_sock") or not hasattr(inner, "_handle_on_message"):
         raise RuntimeError("this aiomqtt or paho-mqtt is not the one streamcorr was built for (aiomqtt 2, paho 2)")

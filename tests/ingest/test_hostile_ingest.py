@@ -284,9 +284,9 @@ def test_mqtt_source_drops_long_topics_from_a_real_broker(mqtt_broker):
     assert src.counters.drops == {"topic": 50} and got == [f"{prefix}/ok/value"]
 
 
-def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
-    """The MQTT source refuses (and counts as queue_full) a received message that would take its list of messages
-    waiting to be decoded past queue_bytes, however few it holds; decoding them frees their bytes."""
+def test_mqtt_batch_is_bounded_in_bytes_as_well_as_messages():
+    """The MQTT source decodes a batch as soon as it holds queue_size messages or queue_bytes bytes, so no more
+    waits undecoded, and it drops nothing itself."""
     np.random.default_rng(54)
     got: list[int] = []
 
@@ -295,14 +295,15 @@ def test_mqtt_inbox_is_bounded_in_bytes_as_well_as_messages():
         return len(t)
 
     src = MqttSource(settings=MqttConnection(), topics=["x/#"], decoder=PayloadDecoder(), sink=sink,
-                     queue_size=1000, queue_bytes=100_000)  # fmt: skip
-    for _ in range(10):
+                     queue_size=5, queue_bytes=100_000)  # fmt: skip
+    for k in range(10):
         src._take("x/y", b"1" * 30_000)
-    assert src.queue_depth == 3 and src.counters.queue_full == 7
+        assert src.queue_depth <= 3 and sum(got) + src.queue_depth == k + 1  # 4 x 30 KB reach queue_bytes
+    for _ in range(12):
+        src._take("x/z", b"2")
+        assert src.queue_depth < 5
     src._deliver()
-    assert src.queue_depth == 0 and sum(got) == 3
-    src._take("x/y", b"1" * 30_000)
-    assert src.queue_depth == 1 and src.counters.queue_full == 7
+    assert sum(got) == 22 and src.counters.queue_full == 0 and src.counters.messages == 22
 
 
 def test_zmq_many_frame_message_is_read_a_frame_at_a_time():

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
+from pydantic import ValidationError
 
-from streamcorr.config import MqttConnection, Tls
+from streamcorr.config import MqttConnection, MqttSourceConfig, Tls
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.source import IngestCounters
+from streamcorr.transport import mqtt as mqtt_transport
 from streamcorr.transport.mqtt import (
     READ_CHUNK,
     READS_PER_WAKEUP,
@@ -25,6 +27,7 @@ from streamcorr.transport.mqtt import (
     check_settings,
     jittered_backoff,
     keep_connected,
+    receive_buffer_plan,
 )
 from streamcorr.transport.zmq import attach, check_endpoint, make_socket
 from tests.brokers import free_port, until
@@ -158,3 +161,23 @@ def test_buffered_socket_hands_out_every_byte_and_yields_after_a_few_reads():
     assert bytes(got) == data and yields >= 1
     assert sock.fileno() == b.fileno()  # the rest is the socket's
     b.close()
+
+
+def test_receive_buffer_is_fixed_only_where_the_kernel_allows_it(tmp_path, monkeypatch, caplog):
+    """receive_buffer_plan keeps a size within net.core.rmem_max, leaves the kernel's auto-tuning (0) above it and
+    says so once, naming the source; the config takes 0 or at least 64 KiB."""
+    np.random.default_rng(73)
+    rmem = tmp_path / "rmem_max"
+    rmem.write_text("212992\n")
+    monkeypatch.setattr(mqtt_transport, "RMEM_MAX", rmem)
+    with caplog.at_level(logging.INFO, logger="streamcorr.transport.mqtt"):
+        assert receive_buffer_plan(4 << 20, "MQTT source") == 0
+        assert receive_buffer_plan(1 << 17, "MQTT source") == 1 << 17
+        assert receive_buffer_plan(0, "MQTT source") == 0
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["MQTT source"]
+    assert "net.core.rmem_max (212992)" in caplog.records[0].getMessage()
+    MqttSourceConfig(type="mqtt", topics=["a/#"], receive_buffer_bytes=0)
+    MqttSourceConfig(type="mqtt", topics=["a/#"], receive_buffer_bytes=64 << 10)
+    for bad in (1, (64 << 10) - 1, -1, True):
+        with pytest.raises(ValidationError):
+            MqttSourceConfig(type="mqtt", topics=["a/#"], receive_buffer_bytes=bad)
