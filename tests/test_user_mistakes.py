@@ -8,12 +8,15 @@ import re
 import shlex
 from pathlib import Path
 
+import numpy as np
+import pytest
 import yaml
 
 from streamcorr.config import parse_config
 from streamcorr.demo import RecentRate
 from streamcorr.engine.changes import calibration_eta_s
 from streamcorr.engine.settings import EngineConfig
+from streamcorr.errors import ConfigError
 from streamcorr.ingest.payload import PayloadDecoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,3 +100,16 @@ def test_common_windows_start_without_measuring_a_calibration(tmp_path, monkeypa
         table = changes.cached_calibration(est.fingerprint, est.estimate_batch, 256, est.ties)
         assert table.window_len == 256 and table.n_windows >= 6000
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_mqtt_source_that_would_read_the_daemons_own_output_is_a_config_error():
+    """A source subscribed (on the output's broker) to a filter that matches the MQTT output's topics would ingest
+    the daemon's own snapshots and events: parse_config says which filter and topic, and how to fix it; the same
+    filter on another broker, or an output prefix outside the filters, is fine."""
+    np.random.default_rng(97)
+    base = {"version": 1, "outputs": {"mqtt": {"prefix": "plant/streamcorr"}}}
+    for filt in ("#", "plant/#", "plant/+/event", "+/streamcorr/status"):
+        with pytest.raises(ConfigError, match=re.escape(f"sources.0.topics: '{filt}' matches the MQTT output's topic")):
+            parse_config(base | {"sources": [{"type": "mqtt", "topics": [filt]}]})
+    parse_config(base | {"sources": [{"type": "mqtt", "topics": ["plant/sensors/#", "streamcorr/#"]}]})
+    parse_config(base | {"sources": [{"type": "mqtt", "topics": ["#"], "port": 1884}]})
