@@ -84,10 +84,10 @@ from pydantic import ValidationError
 from ..config import Payload, echo
 from ..errors import ConfigError
 from ..names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
-from .source import Batch, IngestCounters, RateLimitedLog
+from .source import Batch, Gather, IngestCounters, RateLimitedLog
 from .values import array_len, is_number, sample_array, sample_value, time_scalar
 
-__all__ = ["Batch", "Gather", "PayloadDecoder"]
+__all__ = ["Batch", "PayloadDecoder"]
 
 log = logging.getLogger("streamcorr.ingest.payload")
 
@@ -118,54 +118,6 @@ class _Topic:
 
     def __getitem__(self, index: int | str) -> str:
         return self.levels[int(index)]  # str.format passes "-1" as a string, 0 as an int
-
-
-class Gather:
-    """Decoded samples per channel, in order: single samples in lists, arrays as they come; ``batches()`` makes
-    one (t_s, values) pair of float64 arrays per channel.
-
-    >>> g = Gather()
-    >>> g.sample("a", 1.0, 5.0); g.samples("a", np.array([2.0, 3.0]), np.array([6.0, 7.0])); g.sample("b", 1.0, 0.5)
-    >>> [(b.channel, b.t_s.tolist(), b.values.tolist()) for b in g.batches()], g.count
-    ([('a', [1.0, 2.0, 3.0], [5.0, 6.0, 7.0]), ('b', [1.0], [0.5])], 4)
-    """
-
-    __slots__ = ("_arrays", "_t", "_v", "count")
-
-    def __init__(self) -> None:
-        self._t: dict[str, list[Any]] = {}  # channel -> floats, or arrays where _arrays holds it
-        self._v: dict[str, list[Any]] = {}
-        self._arrays: set[str] = set()
-        self.count = 0  # samples gathered
-
-    def sample(self, channel: str, t_s: float, value: float) -> None:
-        ts = self._t.get(channel)
-        if ts is None:
-            self._t[channel], self._v[channel] = [t_s], [value]
-        else:
-            ts.append(t_s)
-            self._v[channel].append(value)
-        self.count += 1
-
-    def samples(self, channel: str, t_s: np.ndarray, values: np.ndarray) -> None:
-        self._t.setdefault(channel, []).append(t_s)
-        self._v.setdefault(channel, []).append(values)
-        self._arrays.add(channel)
-        self.count += len(t_s)
-
-    def batches(self) -> list[Batch]:
-        out = []
-        for channel, ts in self._t.items():
-            vs = self._v[channel]
-            if channel not in self._arrays:
-                out.append(Batch(channel, np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64)))
-            elif len(ts) == 1:
-                out.append(Batch(channel, ts[0], vs[0]))
-            else:
-                t = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in ts])
-                v = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in vs])
-                out.append(Batch(channel, t, v))
-        return out
 
 
 class PayloadDecoder:

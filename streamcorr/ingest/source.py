@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from ..logutil import RateLimitedLog
 __all__ = [
     "ArrivalClock",
     "Batch",
+    "Gather",
     "IngestCounters",
     "RateLimitedLog",
     "SampleSink",
@@ -53,6 +54,54 @@ class Batch(NamedTuple):
     channel: str
     t_s: np.ndarray
     values: np.ndarray
+
+
+class Gather:
+    """Decoded samples per channel, in order: single samples in lists, arrays as they come; ``batches()`` makes
+    one (t_s, values) pair of float64 arrays per channel.
+
+    >>> g = Gather()
+    >>> g.sample("a", 1.0, 5.0); g.samples("a", np.array([2.0, 3.0]), np.array([6.0, 7.0])); g.sample("b", 1.0, 0.5)
+    >>> [(b.channel, b.t_s.tolist(), b.values.tolist()) for b in g.batches()], g.count
+    ([('a', [1.0, 2.0, 3.0], [5.0, 6.0, 7.0]), ('b', [1.0], [0.5])], 4)
+    """
+
+    __slots__ = ("_arrays", "_t", "_v", "count")
+
+    def __init__(self) -> None:
+        self._t: dict[str, list[Any]] = {}  # channel -> floats, or arrays where _arrays holds it
+        self._v: dict[str, list[Any]] = {}
+        self._arrays: set[str] = set()
+        self.count = 0  # samples gathered
+
+    def sample(self, channel: str, t_s: float, value: float) -> None:
+        ts = self._t.get(channel)
+        if ts is None:
+            self._t[channel], self._v[channel] = [t_s], [value]
+        else:
+            ts.append(t_s)
+            self._v[channel].append(value)
+        self.count += 1
+
+    def samples(self, channel: str, t_s: np.ndarray, values: np.ndarray) -> None:
+        self._t.setdefault(channel, []).append(t_s)
+        self._v.setdefault(channel, []).append(values)
+        self._arrays.add(channel)
+        self.count += len(t_s)
+
+    def batches(self) -> list[Batch]:
+        out = []
+        for channel, ts in self._t.items():
+            vs = self._v[channel]
+            if channel not in self._arrays:
+                out.append(Batch(channel, np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64)))
+            elif len(ts) == 1:
+                out.append(Batch(channel, ts[0], vs[0]))
+            else:
+                t = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in ts])
+                v = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in vs])
+                out.append(Batch(channel, t, v))
+        return out
 
 
 @dataclass
