@@ -347,6 +347,15 @@ class Logging(_Strict):
     max_repeats_per_10s: int = Field(20, ge=1)  # lines per logger and message template; the rest are counted
 
 
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+
+
+def _host(name: str) -> str:
+    """A broker's host as compared between a source and an output: case-blind, every loopback name alike."""
+    name = name.strip().lower()
+    return "loopback" if name in _LOOPBACK else name
+
+
 class Config(_Strict):
     version: Literal[1]  # the schema's version: write 1
     sources: list[Source] = Field(min_length=1)
@@ -372,7 +381,7 @@ class Config(_Strict):
         if out is None:
             return self
         for k, src in enumerate(self.sources):
-            if not isinstance(src, MqttSourceConfig) or (src.host, src.port) != (out.host, out.port):
+            if not isinstance(src, MqttSourceConfig) or (_host(src.host), src.port) != (_host(out.host), out.port):
                 continue
             for pattern in src.topics:
                 hit = next((f"{out.prefix}/{s}" for s in ("snapshot", "pairs", "event", "status")

@@ -113,3 +113,5 @@ def test_an_mqtt_source_that_would_read_the_daemons_own_output_is_a_config_error
             parse_config(base | {"sources": [{"type": "mqtt", "topics": [filt]}]})
     parse_config(base | {"sources": [{"type": "mqtt", "topics": ["plant/sensors/#", "streamcorr/#"]}]})
     parse_config(base | {"sources": [{"type": "mqtt", "topics": ["#"], "port": 1884}]})
+    with pytest.raises(ConfigError, match="matches the MQTT output's topic"):  # the same broker by another name
+        parse_config(base | {"sources": [{"type": "mqtt", "topics": ["#"], "host": "LocalHost"}]})

@@ -25,7 +25,7 @@ import logging
 
 import aiomqtt
 
-from ..config import MQTT_RECEIVE_BUFFER, MqttConnection
+from ..config import MIN_RECEIVE_BUFFER, MQTT_RECEIVE_BUFFER, MqttConnection
 from ..errors import ConfigError
 from ..transport.mqtt import check_settings, keep_connected, make_client, receive_buffer_plan, take_messages
 from .payload import PayloadDecoder
@@ -83,10 +83,9 @@ class MqttSource:
             raise ConfigError(f"queue_size must be >= 1 message; got {queue_size}")
         if queue_bytes < 1:
             raise ConfigError(f"queue_bytes must be >= 1 byte; got {queue_bytes}")
-        if receive_buffer_bytes < 0:
-            raise ConfigError(
-                f"receive_buffer_bytes must be >= 0 (0: the kernel's default); got {receive_buffer_bytes}"
-            )
+        if receive_buffer_bytes < 0 or 0 < receive_buffer_bytes < MIN_RECEIVE_BUFFER:
+            raise ConfigError(f"receive_buffer_bytes must be 0 (the kernel's own) or at least {MIN_RECEIVE_BUFFER}; "
+                              f"got {receive_buffer_bytes}")  # fmt: skip
         self.settings = check_settings(settings)
         self.topics = list(topics)
         self.decoder = decoder
@@ -98,7 +97,7 @@ class MqttSource:
         self._receive_buffer = receive_buffer_bytes  # what run() sets, within the kernel's limit
         self.counters: IngestCounters = decoder.counters  # one ledger: decode drops and transport stats
         self.connected = False
-        self._taken: list[tuple[str, bytes]] = []  # (topic, payload) received, not yet decoded
+        self._taken: list[tuple[str, bytes, float]] = []  # (topic, payload, arrival_s) received, not yet decoded
         self._taken_bytes = 0
         self._arrived = asyncio.Event()  # set when _taken turns non-empty
         self._clock = ArrivalClock()
@@ -113,6 +112,12 @@ class MqttSource:
         """Connect, subscribe and ingest until cancelled; broker loss means reconnecting, never returning.
         Raises ConfigError only for settings that cannot work (TLS files that cannot be read)."""
         self._receive_buffer = receive_buffer_plan(self.receive_buffer_bytes, "MQTT source")
+        try:
+            await self._connected_forever()
+        finally:  # messages paho handed over while the last connection closed
+            self._deliver()
+
+    async def _connected_forever(self) -> None:
         await keep_connected(
             self.settings,
             self._session,
@@ -139,6 +144,7 @@ class MqttSource:
             await self._consume(client)
         finally:
             self.connected = False
+            self._deliver()  # a subscription that failed, say: what arrived is still delivered
         raise aiomqtt.MqttError("the message stream ended")  # only a lost connection ends it; never a goodbye
 
     async def _subscribe(self, client: aiomqtt.Client, topic: str) -> None:
@@ -155,7 +161,7 @@ class MqttSource:
             self.counters.drop("topic")
             self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8")
             return
-        self._taken.append((topic, payload))
+        self._taken.append((topic, payload, self._clock()))  # stamped on arrival, for payloads without a time
         self._taken_bytes += len(topic) + len(payload)
         if len(self._taken) >= self._batch_len or self._taken_bytes >= self.queue_bytes:
             self._deliver()
@@ -169,8 +175,10 @@ class MqttSource:
         try:
             while True:
                 arrived = asyncio.ensure_future(self._arrived.wait())
-                await asyncio.wait((arrived, lost), return_when=asyncio.FIRST_COMPLETED)
-                arrived.cancel()
+                try:
+                    await asyncio.wait((arrived, lost), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    arrived.cancel()
                 if not lost.done():  # a batch that does not fill gathers for _BATCH_S: well within a hop
                     await asyncio.wait((lost,), timeout=_BATCH_S)
                 self._deliver()
@@ -179,6 +187,8 @@ class MqttSource:
                     return
         finally:
             lost.cancel()
+            if lost.done() and not lost.cancelled():
+                lost.exception()  # retrieved: the session's end is reported by the caller
             self._deliver()  # cancelled meanwhile: what was taken is still delivered
 
     @staticmethod
@@ -192,4 +202,4 @@ class MqttSource:
         self._arrived.clear()
         if not taken:
             return
-        deliver(self.decoder.decode_many(taken, self._clock), self.sink, self.counters, self._rate_log)
+        deliver(self.decoder.decode_many(taken), self.sink, self.counters, self._rate_log)

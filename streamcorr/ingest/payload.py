@@ -73,7 +73,7 @@ import json
 import logging
 import re
 import string
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import msgpack
@@ -173,15 +173,17 @@ class PayloadDecoder:
         self._decode_into(gather, topic, payload, arrival_s)
         return gather.batches()
 
-    def decode_many(self, messages: Iterable[tuple[str, bytes]], clock: Callable[[], float]) -> list[Batch]:
-        """Samples of many messages, one batch per channel in message order: a reading's one sample per message
-        costs a list append, and each channel one array at the end. ``clock()`` stamps each message's arrival.
-        A decoder bug on a message is counted ("internal") and logged, and the next message decoded."""
+    def decode_many(self, messages: Iterable[tuple[str, bytes, float]]) -> list[Batch]:
+        """Samples of many (topic, payload, arrival_s) messages, one batch per channel in message order: a
+        reading's one sample per message costs a list append, and each channel one array at the end. A decoder
+        bug on a message is counted ("internal") and logged, its samples taken back, and the next message decoded."""
         gather = Gather()
-        for topic, payload in messages:
+        for topic, payload, arrival_s in messages:
+            gather.begin()
             try:
-                self._decode_into(gather, topic, payload, clock())
+                self._decode_into(gather, topic, payload, arrival_s)
             except Exception:
+                gather.rollback()
                 self.counters.drop("internal")
                 self._rate_log(logging.ERROR, "internal", "decoder failed on a message for %r", topic, exc_info=True)
         return gather.batches()

@@ -66,13 +66,26 @@ class Gather:
     ([('a', [1.0, 2.0, 3.0], [5.0, 6.0, 7.0]), ('b', [1.0], [0.5])], 4)
     """
 
-    __slots__ = ("_arrays", "_t", "_v", "count")
+    __slots__ = ("_arrays", "_t", "_undo", "_v", "count")
 
     def __init__(self) -> None:
         self._t: dict[str, list[Any]] = {}  # channel -> floats, or arrays where _arrays holds it
         self._v: dict[str, list[Any]] = {}
         self._arrays: set[str] = set()
+        self._undo: list[tuple[str, int]] = []  # (channel, samples) added since begin()
         self.count = 0  # samples gathered
+
+    def begin(self) -> None:
+        """A message starts: ``rollback()`` takes back what is added from here."""
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        """Take back the samples added since ``begin()`` (a message whose decoding failed part-way)."""
+        for channel, n in reversed(self._undo):
+            self._t[channel].pop()
+            self._v[channel].pop()
+            self.count -= n
+        self._undo.clear()
 
     def sample(self, channel: str, t_s: float, value: float) -> None:
         ts = self._t.get(channel)
@@ -81,18 +94,22 @@ class Gather:
         else:
             ts.append(t_s)
             self._v[channel].append(value)
+        self._undo.append((channel, 1))
         self.count += 1
 
     def samples(self, channel: str, t_s: np.ndarray, values: np.ndarray) -> None:
         self._t.setdefault(channel, []).append(t_s)
         self._v.setdefault(channel, []).append(values)
         self._arrays.add(channel)
+        self._undo.append((channel, len(t_s)))
         self.count += len(t_s)
 
     def batches(self) -> list[Batch]:
         out = []
         for channel, ts in self._t.items():
             vs = self._v[channel]
+            if not ts:  # every sample taken back
+                continue
             if channel not in self._arrays:
                 out.append(Batch(channel, np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64)))
             elif len(ts) == 1:

@@ -314,11 +314,30 @@ def test_decode_many_equals_decoding_each_message_and_merging():
     arrivals = [1e9 + 0.001 * k for k in range(len(messages))]
     one, many = PayloadDecoder(**HOSTILE_DECODER), PayloadDecoder(**HOSTILE_DECODER)
     singles = [b for (topic, payload), a in zip(messages, arrivals, strict=True) for b in one.decode(topic, payload, a)]
-    clock = iter(arrivals)
-    gathered = many.decode_many(messages, lambda: next(clock))
+    gathered = many.decode_many([(t, p, a) for (t, p), a in zip(messages, arrivals, strict=True)])
     want = merge(singles)
     assert [b.channel for b in gathered] == [b.channel for b in want]
     for got, ref in zip(gathered, want, strict=True):
         np.testing.assert_array_equal(got.t_s, ref.t_s)
         np.testing.assert_array_equal(got.values, ref.values)
     assert many.counters == one.counters and sum(len(b.t_s) for b in gathered) == one.counters.samples_decoded
+
+
+def test_a_decoder_bug_part_way_through_a_message_takes_back_its_samples(monkeypatch):
+    """A bug that strikes after some of a message's samples were gathered is counted ("internal") and those samples
+    are taken back, so the ledger still holds (samples_decoded = samples gathered); the other messages decode."""
+    np.random.default_rng(96)
+    dec = PayloadDecoder(channel_template="{key}")
+    resolve = PayloadDecoder._resolve
+
+    def buggy(self: PayloadDecoder, topic: str, key: str) -> tuple[str | None, str]:
+        if key == "boom":
+            raise RuntimeError("a bug")
+        return resolve(self, topic, key)
+
+    monkeypatch.setattr(PayloadDecoder, "_resolve", buggy)
+    batches = dec.decode_many([("d", b'{"t": 1.0, "a": 1.5}', 0.0), ("d", b'{"t": 2.0, "a": 2.5, "boom": 0}', 0.0),
+                               ("d", b'{"t": 3.0, "a": 3.5, "b": 0.5}', 0.0)])  # fmt: skip
+    assert [(b.channel, b.t_s.tolist(), b.values.tolist()) for b in batches] == [
+        ("a", [1.0, 3.0], [1.5, 3.5]), ("b", [3.0], [0.5])]  # fmt: skip
+    assert dec.counters.drops == {"internal": 1} and dec.counters.samples_decoded == 3 and dec.counters.messages == 3
