@@ -32,6 +32,7 @@ import numpy as np
 from ..logutil import RateLimitedLog
 
 __all__ = [
+    "ARRIVAL_STEP_S",
     "ArrivalClock",
     "Batch",
     "Gather",
@@ -157,6 +158,9 @@ class IngestCounters:
         return self.samples_handed - self.samples_accepted
 
 
+ARRIVAL_STEP_S = 1e-6  # arrival stamps of messages without a time of their own are at least this far apart
+
+
 class ArrivalClock:
     """Wall-clock seconds that strictly increase, for samples that carry no timestamp of their own.
 
@@ -165,7 +169,7 @@ class ArrivalClock:
     after the previous one.
     """
 
-    def __init__(self, min_step_s: float = 1e-6) -> None:
+    def __init__(self, min_step_s: float = ARRIVAL_STEP_S) -> None:
         self.min_step_s = min_step_s
         self._last = -math.inf
 
