@@ -347,13 +347,12 @@ class Logging(_Strict):
     max_repeats_per_10s: int = Field(20, ge=1)  # lines per logger and message template; the rest are counted
 
 
-_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})  # one broker by several names
 
 
-def _host(name: str) -> str:
-    """A broker's host as compared between a source and an output: case-blind, every loopback name alike."""
-    name = name.strip().lower()
-    return "loopback" if name in _LOOPBACK else name
+def _broker(c: MqttConnection) -> tuple[str, int]:
+    host = c.host.strip().lower()
+    return ("loopback" if host in _LOOPBACK else host), c.port
 
 
 class Config(_Strict):
@@ -373,23 +372,18 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _no_output_loop(self) -> Config:
-        """An MQTT source on the output's broker that subscribes to the output's topics would ingest the daemon's
-        own snapshots and events."""
+        """A source subscribed to the MQTT output's topics on its broker would ingest the daemon's own output."""
         from paho.mqtt.client import topic_matches_sub
 
         out = self.outputs.mqtt
-        if out is None:
-            return self
         for k, src in enumerate(self.sources):
-            if not isinstance(src, MqttSourceConfig) or (_host(src.host), src.port) != (_host(out.host), out.port):
+            if out is None or not isinstance(src, MqttSourceConfig) or _broker(src) != _broker(out):
                 continue
-            for pattern in src.topics:
-                hit = next((f"{out.prefix}/{s}" for s in ("snapshot", "pairs", "event", "status")
-                            if topic_matches_sub(pattern, f"{out.prefix}/{s}")), None)  # fmt: skip
-                if hit is not None:
-                    raise ValueError(f"sources.{k}.topics: {pattern!r} matches the MQTT output's topic {hit!r}, so the "
-                                     "daemon would read its own output; give outputs.mqtt.prefix a topic outside the "
-                                     "sources' filters")  # fmt: skip
+            mine = [f"{out.prefix}/{stream}" for stream in ("snapshot", "pairs", "event", "status")]
+            for pattern, hit in ((p, t) for p in src.topics for t in mine if topic_matches_sub(p, t)):
+                raise ValueError(f"sources.{k}.topics: {pattern!r} matches the MQTT output's topic {hit!r}, so the "
+                                 "daemon would read its own output; give outputs.mqtt.prefix a topic outside the "
+                                 "sources' filters")  # fmt: skip
         return self
 
     def hop_samples(self) -> int:
