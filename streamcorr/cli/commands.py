@@ -279,7 +279,13 @@ def _check(args: argparse.Namespace) -> int:
     for line in exposed_listeners(cfg):
         print(f"  warning: listening beyond loopback: {line}")
     for s in cfg.sources:
-        where = f"{s.host}:{s.port} topics {', '.join(s.topics)}" if s.type == "mqtt" else f"{s.mode} {s.endpoint}"
+        if s.type == "mqtt":
+            from ..transport.mqtt import describe_receive_buffer
+
+            where = f"{s.host}:{s.port} topics {', '.join(s.topics)}; receive buffer "
+            where += describe_receive_buffer(s.receive_buffer_bytes)
+        else:
+            where = f"{s.mode} {s.endpoint}"
         print(f"  source {s.type}: {where}")
     print(f"  window {ec.window_len} samples at {ec.rate_hz:g} Hz ({ec.window_len / ec.rate_hz:g} s), "
           f"hop {ec.hop_samples} samples; pairs: {cfg.pairs.mode}")  # fmt: skip

@@ -37,10 +37,12 @@ __all__ = [
     "ConnectionCounters",
     "check_settings",
     "check_tls",
+    "describe_receive_buffer",
     "jittered_backoff",
     "keep_connected",
     "make_client",
     "receive_buffer_plan",
+    "rmem_max",
     "take_messages",
     "tls_context",
 ]
@@ -157,15 +159,32 @@ class BufferedSocket:
 RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
 
 
+def rmem_max() -> int | None:
+    """The kernel's net.core.rmem_max in bytes (the largest receive buffer a process may fix), None if unknown."""
+    try:
+        return int(RMEM_MAX.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def describe_receive_buffer(size: int) -> str:
+    """What ``receive_buffer_bytes`` gives on this machine, for ``streamcorr check``."""
+    cap = rmem_max()
+    if size == 0:
+        return "auto-tuned by the kernel"
+    if cap is None or size <= cap:
+        return f"{size:,} bytes, fixed"
+    return f"auto-tuned by the kernel ({size:,} bytes asked for is above net.core.rmem_max, {cap:,})"
+
+
 def receive_buffer_plan(size: int, name: str) -> int:
     """The receive buffer to set for ``size`` bytes asked for: ``size``, or 0 (leave the kernel's auto-tuned
     buffer) where the kernel would cap it at net.core.rmem_max, since a fixed buffer of that cap holds less than
     auto-tuning grows to. Logged once, naming the source."""
     if size <= 0:
         return 0
-    try:
-        cap = int(RMEM_MAX.read_text())
-    except (OSError, ValueError):  # not Linux, or hidden: ask, and the kernel grants what it grants
+    cap = rmem_max()
+    if cap is None:  # not Linux, or hidden: ask, and the kernel grants what it grants
         return size
     if size > cap:
         _log.info("%s: receive_buffer_bytes %d is above net.core.rmem_max (%d): the kernel's auto-tuned receive "

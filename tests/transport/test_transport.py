@@ -165,7 +165,7 @@ def test_buffered_socket_hands_out_every_byte_and_yields_after_a_few_reads():
 
 def test_receive_buffer_is_fixed_only_where_the_kernel_allows_it(tmp_path, monkeypatch, caplog):
     """receive_buffer_plan keeps a size within net.core.rmem_max, leaves the kernel's auto-tuning (0) above it and
-    says so once, naming the source; the config takes 0 or at least 64 KiB."""
+    says so once, naming the source (and `streamcorr check` says which); the config takes 0 or at least 64 KiB."""
     np.random.default_rng(73)
     rmem = tmp_path / "rmem_max"
     rmem.write_text("212992\n")
@@ -176,6 +176,8 @@ def test_receive_buffer_is_fixed_only_where_the_kernel_allows_it(tmp_path, monke
         assert receive_buffer_plan(0, "MQTT source") == 0
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["MQTT source"]
     assert "net.core.rmem_max (212992)" in caplog.records[0].getMessage()
+    assert mqtt_transport.describe_receive_buffer(1 << 17) == "131,072 bytes, fixed"
+    assert mqtt_transport.describe_receive_buffer(4 << 20).startswith("auto-tuned by the kernel (4,194,304 bytes")
     MqttSourceConfig(type="mqtt", topics=["a/#"], receive_buffer_bytes=0)
     MqttSourceConfig(type="mqtt", topics=["a/#"], receive_buffer_bytes=64 << 10)
     for bad in (1, (64 << 10) - 1, -1, True):
