@@ -28,6 +28,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,11 @@ def build_package(model: torch.nn.Module, grid: int, out: Path) -> None:
     tmp.replace(out)
 
 
+def _import_loader() -> None:
+    with contextlib.suppress(Exception):  # loading it later reports any failure
+        from torch._inductor import aoti_load_package  # noqa: F401
+
+
 class AotForward:
     """The network's forward (hist, mx, my) -> theta, through the AOT package once it is there.
 
@@ -102,30 +108,31 @@ class AotForward:
         self._next_poll = 0.0
         self._failed = self.path.with_suffix(".failed")
         self._child: subprocess.Popen[bytes] | None = None
+        self._loader: threading.Thread | None = None
         self.state = "eager"  # eager -> building -> ready (or failed)
         self._poll(start_build=True)
+        if self.state == "building":  # the loader's import takes about 2 s: not inside the hop that picks it up
+            threading.Thread(target=_import_loader, name="streamcorr-aot-import", daemon=True).start()
 
     def __call__(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         if self._runner is None and time.monotonic() >= self._next_poll:
-            self._poll(start_build=False)
+            self._poll(start_build=False, background=True)
         if self._runner is not None and hist.shape[0] >= 2:
             out: torch.Tensor = self._runner(hist, mx, my)
             return out
         out = self.model(hist, mx, my)
         return out
 
-    def _poll(self, start_build: bool) -> None:
+    def _poll(self, start_build: bool, background: bool = False) -> None:
+        """Look for the package. ``background``: one that appears while estimates run is loaded in a thread (a
+        second or two), and the eager network serves until it is in."""
         self._next_poll = time.monotonic() + POLL_S
         if self.path.is_file():
-            try:
-                from torch._inductor import aoti_load_package
-
-                self._runner = aoti_load_package(str(self.path))
-                self.state = "ready"
-                log.info("network: the compiled package for this CPU is in use (%s)", self.path.name)
-            except Exception as exc:  # a package from a broken build: eager, and a rebuild next start
-                log.warning("network: could not load %s (%s); eager until rebuilt", self.path, exc)
-                self.path.unlink(missing_ok=True)
+            if not background:
+                self._load()
+            elif self._loader is None or not self._loader.is_alive():
+                self._loader = threading.Thread(target=self._load, name="streamcorr-aot-load", daemon=True)
+                self._loader.start()
             return
         if self._failed.is_file():
             if self.state != "failed":
@@ -136,6 +143,19 @@ class AotForward:
             return
         if start_build:
             self._start_build()
+
+    def _load(self) -> None:
+        try:
+            from torch._inductor import aoti_load_package
+
+            runner = aoti_load_package(str(self.path))
+        except Exception as exc:  # a package from a broken build: eager, and a rebuild next start
+            log.warning("network: could not load %s (%s); eager until rebuilt", self.path, exc)
+            self.path.unlink(missing_ok=True)
+            return
+        self._runner = runner  # one assignment: a caller sees the eager network or the package, never half
+        self.state = "ready"
+        log.info("network: the compiled package for this CPU is in use (%s)", self.path.name)
 
     def _start_build(self) -> None:
         lock = self.path.with_suffix(".lock")

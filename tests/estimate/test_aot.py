@@ -115,3 +115,30 @@ def test_a_package_from_another_model_source_is_not_loaded(monkeypatch):
     monkeypatch.setattr(aot, "_model_source", lambda: "another model.py")
     assert aot.package_path("ab" * 32) != before
     assert aot.package_path("ab" * 32).name.startswith("infonet-abababababab-")
+
+
+def test_a_package_that_appears_while_serving_is_loaded_in_the_background(built, cache, monkeypatch):
+    """An estimator that started before the package existed serves eagerly, then loads the package in a thread
+    when it appears (no estimate waits on the load) and serves through it, within 1e-5 nats of eager."""
+    pkg = next((cache / "aot").glob("*.pt2"))
+    hidden = pkg.with_suffix(".hidden")
+    pkg.rename(hidden)
+    try:
+        monkeypatch.setattr(AotForward, "_start_build", lambda self: setattr(self, "state", "building"))
+        est = Estimator()
+        fwd = est._forward
+        assert isinstance(fwd, AotForward) and fwd.state == "building" and fwd._runner is None
+        rng = np.random.default_rng(173)
+        x = rng.standard_normal((16, 512))
+        y = x + rng.standard_normal((16, 512))
+        hidden.rename(pkg)
+        fwd._next_poll = 0.0
+        first = est.estimate_batch(x, y)  # this batch starts the load and does not wait for it
+        assert fwd._loader is not None
+        fwd._loader.join(60)
+        assert fwd.state == "ready" and fwd._runner is not None
+        eager = Estimator(compile=False).estimate_batch(x, y)
+        assert np.abs(first - eager).max() <= TOL and np.abs(est.estimate_batch(x, y) - eager).max() <= TOL
+    finally:
+        if hidden.exists():
+            hidden.rename(pkg)
