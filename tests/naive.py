@@ -126,3 +126,15 @@ def lagged_screen_statistic(fx: np.ndarray, fy: np.ndarray, lag: int) -> float:
             cross = sum(float(fx[k, t]) * float(fy[m, t + lag]) for t in ts) / len(ts)
             total += cross * cross
     return len(ts) * total
+
+
+def merge_batches(batches: list) -> list:
+    """Reference for Gather: one (channel, t_s, values) batch per channel in first-seen order, each channel's samples
+    concatenated in order."""
+    from streamcorr.ingest.source import Batch
+
+    order: dict[str, list] = {}
+    for b in batches:
+        order.setdefault(b.channel, []).append(b)
+    return [Batch(name, np.concatenate([g.t_s for g in group]), np.concatenate([g.values for g in group]))
+            for name, group in order.items()]  # fmt: skip

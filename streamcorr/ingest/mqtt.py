@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import time
 
 import aiomqtt
 
@@ -31,7 +29,7 @@ from ..config import MIN_RECEIVE_BUFFER, MQTT_RECEIVE_BUFFER, MqttConnection
 from ..errors import ConfigError
 from ..transport.mqtt import check_settings, keep_connected, make_client, receive_buffer_plan, take_messages
 from .payload import PayloadDecoder
-from .source import ARRIVAL_STEP_S, IngestCounters, RateLimitedLog, SampleSink, deliver
+from .source import ArrivalClock, IngestCounters, RateLimitedLog, SampleSink, deliver
 
 __all__ = ["MqttSource"]
 
@@ -102,7 +100,7 @@ class MqttSource:
         self._taken: list[tuple[str, bytes, float]] = []  # (topic, payload, arrival_s) received, not yet decoded
         self._taken_bytes = 0
         self._arrived = asyncio.Event()  # set when _taken turns non-empty
-        self._last_arrival = -math.inf  # stamps strictly increase, as ArrivalClock's (inlined: once per message)
+        self._clock = ArrivalClock()
         self._rate_log = RateLimitedLog(log)
 
     @property
@@ -115,19 +113,10 @@ class MqttSource:
         Raises ConfigError only for settings that cannot work (TLS files that cannot be read)."""
         self._receive_buffer = receive_buffer_plan(self.receive_buffer_bytes, "MQTT source")
         try:
-            await self._connected_forever()
+            await keep_connected(self.settings, self._session, counters=self.counters, log=log, name="MQTT source",
+                                 new_client=self._new_client)  # fmt: skip
         finally:  # messages paho handed over while the last connection closed
             self._deliver()
-
-    async def _connected_forever(self) -> None:
-        await keep_connected(
-            self.settings,
-            self._session,
-            counters=self.counters,
-            log=log,
-            name="MQTT source",
-            new_client=self._new_client,
-        )
 
     def _new_client(self) -> aiomqtt.Client:
         client = make_client(self.settings)
@@ -163,12 +152,8 @@ class MqttSource:
             self.counters.drop("topic")
             self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8")
             return
-        now = time.time()  # the arrival stamp, for payloads without a time of their own
-        if now < self._last_arrival + ARRIVAL_STEP_S:
-            now = self._last_arrival + ARRIVAL_STEP_S
-        self._last_arrival = now
         taken = self._taken
-        taken.append((topic, payload, now))
+        taken.append((topic, payload, self._clock()))  # stamped on arrival, for payloads without a time
         self._taken_bytes += len(topic) + len(payload)
         if len(taken) >= self._batch_len or self._taken_bytes >= self.queue_bytes:
             self._deliver()

@@ -32,7 +32,6 @@ import numpy as np
 from ..logutil import RateLimitedLog
 
 __all__ = [
-    "ARRIVAL_STEP_S",
     "ArrivalClock",
     "Batch",
     "Gather",
@@ -40,9 +39,7 @@ __all__ = [
     "RateLimitedLog",
     "SampleSink",
     "Source",
-    "decode_safely",
     "deliver",
-    "merge",
 ]
 
 # (channel, t_s, values) -> samples accepted; Engine.push has this shape.
@@ -113,7 +110,7 @@ class Gather:
                 continue
             if channel not in self._arrays:
                 out.append(Batch(channel, np.array(ts, dtype=np.float64), np.array(vs, dtype=np.float64)))
-            elif len(ts) == 1:
+            elif len(ts) == 1 and isinstance(ts[0], np.ndarray):  # one chunk: no copy
                 out.append(Batch(channel, ts[0], vs[0]))
             else:
                 t = np.concatenate([np.atleast_1d(np.asarray(x, dtype=np.float64)) for x in ts])
@@ -158,9 +155,6 @@ class IngestCounters:
         return self.samples_handed - self.samples_accepted
 
 
-ARRIVAL_STEP_S = 1e-6  # arrival stamps of messages without a time of their own are at least this far apart
-
-
 class ArrivalClock:
     """Wall-clock seconds that strictly increase, for samples that carry no timestamp of their own.
 
@@ -169,52 +163,13 @@ class ArrivalClock:
     after the previous one.
     """
 
-    def __init__(self, min_step_s: float = ARRIVAL_STEP_S) -> None:
+    def __init__(self, min_step_s: float = 1e-6) -> None:
         self.min_step_s = min_step_s
         self._last = -math.inf
 
     def __call__(self) -> float:
         self._last = max(time.time(), self._last + self.min_step_s)
         return self._last
-
-
-class _Decoder(Protocol):
-    counters: IngestCounters
-
-    def decode(self, topic: str, payload: bytes, arrival_s: float) -> list[Batch]: ...
-
-
-def decode_safely(
-    decoder: _Decoder, topic: str, payload: bytes, arrival_s: float, rate_log: RateLimitedLog
-) -> list[Batch]:
-    """decoder.decode, with a decoder bug counted ("internal") and logged instead of ending the source."""
-    try:
-        return decoder.decode(topic, payload, arrival_s)
-    except Exception:
-        decoder.counters.drop("internal")
-        rate_log(logging.ERROR, "internal", "decoder failed on a message for %r", topic, exc_info=True)
-        return []
-
-
-def merge(batches: list[Batch]) -> list[Batch]:
-    """One batch per channel, samples kept in order: the sink is called once per channel, not per message.
-
-    >>> b = merge([Batch("a", np.array([1.0]), np.array([5.0])), Batch("b", np.array([1.0]), np.array([6.0])),
-    ...            Batch("a", np.array([2.0]), np.array([7.0]))])
-    >>> [(x.channel, x.t_s.tolist(), x.values.tolist()) for x in b]
-    [('a', [1.0, 2.0], [5.0, 7.0]), ('b', [1.0], [6.0])]
-    """
-    by_channel: dict[str, list[Batch]] = {}
-    for batch in batches:
-        by_channel.setdefault(batch.channel, []).append(batch)
-    if len(by_channel) == len(batches):
-        return batches
-    return [
-        group[0]
-        if len(group) == 1
-        else Batch(name, np.concatenate([g.t_s for g in group]), np.concatenate([g.values for g in group]))
-        for name, group in by_channel.items()
-    ]
 
 
 def deliver(batches: Iterable[Batch], sink: SampleSink, counters: IngestCounters, rate_log: RateLimitedLog) -> None:

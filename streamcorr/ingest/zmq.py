@@ -33,7 +33,7 @@ from zmq.utils.monitor import parse_monitor_message
 from ..errors import ConfigError
 from ..transport.zmq import attach, check_endpoint, make_socket
 from .payload import PayloadDecoder
-from .source import ArrivalClock, Batch, IngestCounters, RateLimitedLog, SampleSink, decode_safely, deliver, merge
+from .source import ArrivalClock, IngestCounters, RateLimitedLog, SampleSink, deliver
 
 __all__ = ["ZmqSource"]
 
@@ -131,16 +131,16 @@ class ZmqSource:
             log.info("zmq %s %s %s", self.mode, "bound to" if self.bind else "connected to", self.endpoint)
             self.ready.set()
             while True:
-                batches = self._decode(*await self._recv(sock))
+                taken = self._take(*await self._recv(sock))
                 try:
                     for _ in range(_BATCH_MAX - 1):  # take what is queued, then call the sink once per channel
                         try:
                             received = await self._recv(sock, zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        batches += self._decode(*received)
-                finally:  # even if cancelled meanwhile: what was decoded is delivered
-                    deliver(merge(batches), self.sink, self.counters, self._rate_log)
+                        taken += self._take(*received)
+                finally:  # even if cancelled meanwhile: what was received is decoded and delivered
+                    deliver(self.decoder.decode_many(taken), self.sink, self.counters, self._rate_log)
                 await asyncio.sleep(0)  # a ready message never suspends: give the loop a turn per batch
         finally:
             self.ready.clear()
@@ -185,8 +185,11 @@ class ZmqSource:
                 kept.clear()  # release what was kept: this message is dropped whole
         return kept, count, total
 
-    def _decode(self, frames: list[zmq.Frame] | list[bytes], count: int | None = None, total: int = 0) -> list[Batch]:
-        """Check the message's shape and sizes (before copying anything out of libzmq), then decode it."""
+    def _take(
+        self, frames: list[zmq.Frame] | list[bytes], count: int | None = None, total: int = 0
+    ) -> list[tuple[str, bytes, float]]:
+        """Check the message's shape and sizes (before copying anything out of libzmq): [(topic, payload,
+        arrival_s)] to decode, or [] for a message dropped (and counted) here."""
         count = len(frames) if count is None else count
         reason = ""
         if count > 2:
@@ -212,4 +215,4 @@ class ZmqSource:
             self.counters.drop("topic")
             self._rate_log(logging.WARNING, "topic", "dropped a message whose topic is not UTF-8: %r", topic_bytes[:40])
             return []
-        return decode_safely(self.decoder, topic, payload, self._clock(), self._rate_log)
+        return [(topic, payload, self._clock())]

@@ -167,30 +167,31 @@ def rmem_max() -> int | None:
         return None
 
 
+def _fixable(size: int) -> tuple[bool, int | None]:
+    """Whether ``size`` bytes can be fixed as the receive buffer, and net.core.rmem_max (None if unknown): not
+    above rmem_max, since a fixed buffer of that cap holds less than the kernel's auto-tuning grows to."""
+    cap = rmem_max()
+    return size > 0 and (cap is None or size <= cap), cap
+
+
 def describe_receive_buffer(size: int) -> str:
     """What ``receive_buffer_bytes`` gives on this machine, for ``streamcorr check``."""
-    cap = rmem_max()
+    fixed, cap = _fixable(size)
+    if fixed:
+        return f"{size:,} bytes, fixed"
     if size == 0:
         return "auto-tuned by the kernel"
-    if cap is None or size <= cap:
-        return f"{size:,} bytes, fixed"
     return f"auto-tuned by the kernel ({size:,} bytes asked for is above net.core.rmem_max, {cap:,})"
 
 
 def receive_buffer_plan(size: int, name: str) -> int:
-    """The receive buffer to set for ``size`` bytes asked for: ``size``, or 0 (leave the kernel's auto-tuned
-    buffer) where the kernel would cap it at net.core.rmem_max, since a fixed buffer of that cap holds less than
-    auto-tuning grows to. Logged once, naming the source."""
-    if size <= 0:
-        return 0
-    cap = rmem_max()
-    if cap is None:  # not Linux, or hidden: ask, and the kernel grants what it grants
-        return size
-    if size > cap:
+    """The receive buffer to fix for ``size`` bytes asked for: ``size``, or 0 (the kernel's auto-tuned buffer)
+    where it is above net.core.rmem_max, logged once, naming the source."""
+    fixed, cap = _fixable(size)
+    if not fixed and size > 0:
         _log.info("%s: receive_buffer_bytes %d is above net.core.rmem_max (%d): the kernel's auto-tuned receive "
                   "buffer is used (raise rmem_max to fix %d bytes)", name, size, cap, size)  # fmt: skip
-        return 0
-    return size
+    return size if fixed else 0
 
 
 def _set_receive_buffer(sock: Any, size: int) -> None:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from streamcorr.config import Payload, parse_config
 from streamcorr.errors import ConfigError
 from streamcorr.ingest.payload import PayloadDecoder
-from streamcorr.ingest.source import merge
 from tests.brokers import HOSTILE_DECODER, hostile_corpus
+from tests.naive import merge_batches
 
 
 def decoded(dec: PayloadDecoder, topic: str, payload: bytes, arrival_s: float = 50.0) -> dict[str, tuple]:
@@ -315,7 +315,7 @@ def test_decode_many_equals_decoding_each_message_and_merging():
     one, many = PayloadDecoder(**HOSTILE_DECODER), PayloadDecoder(**HOSTILE_DECODER)
     singles = [b for (topic, payload), a in zip(messages, arrivals, strict=True) for b in one.decode(topic, payload, a)]
     gathered = many.decode_many([(t, p, a) for (t, p), a in zip(messages, arrivals, strict=True)])
-    want = merge(singles)
+    want = merge_batches(singles)
     assert [b.channel for b in gathered] == [b.channel for b in want]
     for got, ref in zip(gathered, want, strict=True):
         np.testing.assert_array_equal(got.t_s, ref.t_s)
