@@ -25,10 +25,12 @@ flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A s
 newest ``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate; a pair where one
 channel repeats rows the other does not, a slower channel on this clock, is left to the window) in one network pass,
 against the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half
-of ``changes.false_alarms_per_hour``; the window path has the other half). One hop above is enough: consecutive
-short windows overlap, so a second look costs half a second and adds little. The onset is the change point of the
-short window's evidence under its own table, which also becomes the pair's first reference. A smooth pair's short
-window holds few independent samples, so its null is wide and the window path usually sees it first.
+of ``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
+independent samples (effective size below ``WHITE_FROM`` of its length), so the null of its levels is wide: its
+innovations (each row's residuals of an AR fit over the short window, what is new at each sample) are tested as
+well, at half the rate each. One hop above is enough: consecutive short windows overlap, so a second look costs
+half a second and adds little. The onset is the change point of the short window's evidence under its own table
+(of the levels), which also becomes the pair's first reference where the levels showed the change.
 
 A confirmed change flips the detector at once (``ChangeDetector.fast_change``, an event with ``path="fast"``)
 and holds the window's verdicts on the pair until its window holds only samples after the onset.
@@ -47,7 +49,7 @@ import numpy as np
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import change_point, evidence, pair_tables, window_moments
-from ..estimate.significance import NullTable, autocorrelation, pair_n_eff
+from ..estimate.significance import WHITE_FROM, NullTable, autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
@@ -124,7 +126,14 @@ class FastPath:
         self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
         self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
         self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
-        self.counts = {"alarms": 0, "confirmed": 0, "rejected": 0, "sentinel_pairs": 0, "references": 0}
+        self.counts = {
+            "alarms": 0,
+            "confirmed": 0,
+            "rejected": 0,
+            "sentinel_pairs": 0,
+            "references": 0,
+            "innovation_alarms": 0,
+        }
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
         rank_transform(np.zeros((2, 4)), est.ties)
@@ -235,11 +244,12 @@ class FastPath:
         return max(0, onset_tick + self.window_len * self.period_ns - end_tick)
 
     def _short_estimates(
-        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int
+        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """MI and effective size (P,) of pairs (P, 2) on their newest m rows of the window, ranked anew: rows where
         at least one channel has a new sample (rows both repeat leave the pair, as in the window's estimate). Also
-        the ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows."""
+        the ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows.
+        With ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
         n = window.shape[1]
         keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
         enough = keep.sum(axis=1) >= m
@@ -249,7 +259,10 @@ class FastPath:
         pos[~enough] = np.arange(n - m, n)
         x = np.take_along_axis(window[pairs[:, 0]], pos, axis=1)  # (P, m)
         y = np.take_along_axis(window[pairs[:, 1]], pos, axis=1)
-        u = rank_transform(np.ascontiguousarray(np.concatenate([x, y])), self.est.ties)  # (2P, m)
+        xy = np.concatenate([x, y])  # (2P, m)
+        if innovations:
+            xy = prewhiten(xy)
+        u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, m)
         p = np.arange(len(pairs))
         mi = self.est.estimate_ranks(u, p, p + len(pairs))
         acf = autocorrelation(u)
@@ -326,8 +339,22 @@ class FastPath:
             self._tested[keys[k]] = end_tick
         self.counts["sentinel_pairs"] += len(rows)
         mi, ne, u, pos = self._short_estimates(window, fresh, pairs[rows], m)
+        null = self.nulls(m)
+        # a smooth pair's short window holds few independent samples, so its levels' null is wide; its innovations
+        # (what is new at each sample) hold nearly m. Both are tested, each at half the rate.
+        is_smooth = ne < WHITE_FROM * m if self.est.prewhiten != "ar" else np.zeros(len(rows), dtype=bool)
+        smooth = np.flatnonzero(is_smooth)
         with np.errstate(invalid="ignore"):
-            above = mi > self.nulls(m).dependent_above(ne, self.alpha, self.detector.min_effect)
+            above = mi > np.where(is_smooth, null.dependent_above(ne, self.alpha / 2, self.detector.min_effect),
+                                  null.dependent_above(ne, self.alpha, self.detector.min_effect))  # fmt: skip
+        by_innovation = np.zeros(len(rows), dtype=bool)
+        if len(smooth):
+            mi_i, ne_i, _, _ = self._short_estimates(window, fresh, pairs[rows[smooth]], m, innovations=True)
+            with np.errstate(invalid="ignore"):
+                by_innovation[smooth] = mi_i > null.dependent_above(ne_i, self.alpha / 2, self.detector.min_effect)
+            by_innovation &= ~above
+            self.counts["innovation_alarms"] += int(by_innovation.sum())
+        above |= by_innovation
         fire = []
         for q, k in enumerate(rows.tolist()):
             if above[q]:
@@ -354,7 +381,8 @@ class FastPath:
                 continue
             events.append(ev)
             after = e[f, at[f] :]
-            if len(after) >= 16:  # the short window's table, on the samples after the onset, is the first reference
+            # the short window's table, on the samples after the onset, is the first reference (where levels showed it)
+            if len(after) >= 16 and not by_innovation[q]:
                 share = max(float(ne[q]), 2.0) / m  # independent samples per sample
                 self._set_reference(key, theta[f], float(log_z[f]), float(after.mean()),
                                     float(after.var()) / share, share, end_tick)  # fmt: skip

@@ -191,6 +191,29 @@ def test_smooth_channels_give_no_fast_events() -> None:
     ]
 
 
+def test_a_smooth_pair_that_couples_is_reported_within_seconds() -> None:
+    """Smooth channels (AR(1), time constant 20 samples): a tanh relation that starts at 30 s is reported by the
+    fast path within 3 s (its short window's innovations show it; its levels hold a few dozen effective samples),
+    with no other event."""
+    rng = np.random.default_rng(506)
+    n = int(60 * RATE)
+
+    def smooth() -> np.ndarray:
+        x = lfilter([1.0], [1.0, -np.exp(-1 / 20)], rng.standard_normal(n))
+        return x / x.std()
+
+    data = {f"s{k}": smooth() for k in range(4)}
+    data["d0"], data["d1"] = smooth(), smooth()
+    on = int(30 * RATE)
+    data["d1"][on:] = (np.tanh(2 * data["d0"]) + 0.5 * smooth())[on:]
+    events = _replay(T0 + np.arange(n) / RATE, data)
+    assert [(e.pair, e.kind, e.path) for e in events][:1] == [(("d0", "d1"), "became-dependent", "fast")], [
+        (e.pair, e.kind, e.path, e.t_ns / 1e9 - T0) for e in events
+    ]
+    assert 0 <= events[0].t_ns / 1e9 - (T0 + 30.0) <= 3.0
+    assert {e.pair for e in events} == {("d0", "d1")}
+
+
 def test_events_keep_onset_and_path_in_the_parquet_history(tmp_path) -> None:
     """An event's onset and path survive the Parquet history (null onset where none was estimated), and the
     detection time keeps its meaning in ``time`` and ``t_ns``."""
