@@ -61,6 +61,8 @@ CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms
 CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
 PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
+ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
+INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 
 
@@ -133,6 +135,7 @@ class FastPath:
             "sentinel_pairs": 0,
             "references": 0,
             "innovation_alarms": 0,
+            "innovation_confirmed": 0,
         }
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
@@ -212,6 +215,7 @@ class FastPath:
             return []
         self.counts["alarms"] += len(alarms)
         by_len: dict[int, list[int]] = {}
+        early: list[int] = []  # smooth pairs with too few samples since the onset for their levels
         longest = max((m for m in CONFIRM_LENGTHS if m <= n), default=0)
         for k in alarms:
             ref = self._refs[keys[k]]
@@ -221,7 +225,9 @@ class FastPath:
             fit = [m for m in CONFIRM_LENGTHS if need <= m <= min(since, n)]
             if fit:  # otherwise too few samples since the onset: a later hop confirms
                 by_len.setdefault(fit[0], []).append(k)
-        events = []
+            elif self.est.prewhiten != "ar" and since >= min(CONFIRM_LENGTHS):  # smooth: its innovations may tell now
+                early.append(k)
+        events = self._confirm_by_innovations(end_tick, keys, pairs, window, fresh, early) if early else []
         for m, ks in by_len.items():
             mi, ne, _, _ = self._short_estimates(window, fresh, pairs[ks], m)
             for k, x, lo in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), strict=True):
@@ -239,19 +245,55 @@ class FastPath:
                     del self._refs[keys[k]]
         return events
 
+    def _confirm_by_innovations(
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray, ks: list[int]
+    ) -> list[ChangeEvent]:  # fmt: skip
+        """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
+        samples: the innovations over the samples since the onset (the newest 64 or 128) within the null of
+        independent pairs at their effective size and below half their level over the ``INNOVATIONS_BEFORE``
+        samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
+        not confirmed wait for their levels."""
+        n, period = self.window_len, self.period_ns
+        since = np.array([(end_tick - self._refs[keys[k]].zero_tick) // period for k in ks], dtype=np.int64)
+        m = np.array([max(x for x in CONFIRM_LENGTHS if x <= s) for s in since.tolist()], dtype=np.int64)
+        events = []
+        for length in np.unique(m).tolist():
+            sel = np.flatnonzero(m == length)
+            ps = pairs[[ks[q] for q in sel]]
+            after, ne_after, _, _ = self._short_estimates(window, fresh, ps, length, innovations=True)
+            at = np.full(len(sel), n) - since[sel]  # window position of each onset
+            span = min(INNOVATIONS_BEFORE, n - length)
+            was, ne_was, _, _ = self._short_estimates(window, fresh, ps, span, innovations=True, before=at)
+            with np.errstate(invalid="ignore"):
+                gone = after < self.nulls(length).independent_below(ne_after)
+                showed = was > self.nulls(span).dependent_above(ne_was, 0.01)
+                done = gone & showed & (after < was / 2.0)
+            for q in np.flatnonzero(done).tolist():
+                key = keys[ks[sel[q]]]
+                ref = self._refs.pop(key)
+                ev = self.detector.fast_change(key, "became-independent", float(after[q]), end_tick, ref.zero_tick,
+                                               self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip
+                if ev is not None:
+                    self.counts["confirmed"] += 1
+                    self.counts["innovation_confirmed"] += 1
+                    events.append(ev)
+        return events
+
     def _hold_ns(self, end_tick: int, onset_tick: int) -> int:
         """From now until the window holds only samples after the onset."""
         return max(0, onset_tick + self.window_len * self.period_ns - end_tick)
 
-    def _short_estimates(
-        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """MI and effective size (P,) of pairs (P, 2) on their newest m rows of the window, ranked anew: rows where
-        at least one channel has a new sample (rows both repeat leave the pair, as in the window's estimate). Also
-        the ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows.
-        With ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
+    def _rows(
+        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, before: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Values (2P, m) of pairs (P, 2) on their newest m rows of the window where at least one channel has a new
+        sample (rows both repeat leave the pair, as in the window's estimate; x rows then y rows), their positions
+        in the window (P, m), and which pairs have m such rows (P,). With ``before`` (P,): the newest m rows before
+        that position of the window."""
         n = window.shape[1]
         keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
+        if before is not None:
+            keep &= np.arange(n)[None, :] < before[:, None]
         enough = keep.sum(axis=1) >= m
         pos = np.zeros((len(pairs), m), dtype=np.int64)
         for q in np.flatnonzero(enough):
@@ -259,7 +301,16 @@ class FastPath:
         pos[~enough] = np.arange(n - m, n)
         x = np.take_along_axis(window[pairs[:, 0]], pos, axis=1)  # (P, m)
         y = np.take_along_axis(window[pairs[:, 1]], pos, axis=1)
-        xy = np.concatenate([x, y])  # (2P, m)
+        return np.concatenate([x, y]), pos, enough
+
+    def _short_estimates(
+        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False,
+        before: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """MI and effective size (P,) of pairs (P, 2) on their newest m rows (:meth:`_rows`), ranked anew; also the
+        ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
+        ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
+        xy, pos, enough = self._rows(window, fresh, pairs, m, before)
         if innovations:
             xy = prewhiten(xy)
         u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, m)
@@ -269,6 +320,24 @@ class FastPath:
         ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
         mi[~enough] = np.nan
         return mi, ne, u.reshape(2, len(pairs), m), pos
+
+    def _onsets(
+        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, innovations: np.ndarray, m: int
+    ) -> np.ndarray:
+        """Window positions (P,) where each new dependence of pairs (P, 2) began: the change point of the evidence
+        over their newest ``ONSET_SPAN`` rows under the table of the newest m (of the levels, or of the innovations
+        where ``innovations`` (P,) says only they showed it). The span reaches back before the short window, which
+        a smooth pair's change has often left by the time it is seen."""
+        span = min(window.shape[1], max(m, ONSET_SPAN))
+        xy, pos, _ = self._rows(window, fresh, pairs, span)
+        white = np.concatenate([innovations, innovations])
+        if white.any():
+            xy[white] = prewhiten(xy[white])
+        u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, span)
+        p = np.arange(len(pairs))
+        theta, log_z, _ = pair_tables(self.est, np.ascontiguousarray(u[:, -m:]), p, p + len(pairs))
+        e = evidence(theta, log_z, u[p], u[p + len(pairs)])  # (P, span)
+        return pos[p, change_point(e, rising=True)]
 
     # -- references -----------------------------------------------------------------------------------
     def _refresh(
@@ -338,7 +407,7 @@ class FastPath:
         for k in rows:
             self._tested[keys[k]] = end_tick
         self.counts["sentinel_pairs"] += len(rows)
-        mi, ne, u, pos = self._short_estimates(window, fresh, pairs[rows], m)
+        mi, ne, u, _ = self._short_estimates(window, fresh, pairs[rows], m)
         null = self.nulls(m)
         # a smooth pair's short window holds few independent samples, so its levels' null is wide; its innovations
         # (what is new at each sample) hold nearly m. Both are tested, each at half the rate.
@@ -370,11 +439,12 @@ class FastPath:
         theta, log_z, _ = pair_tables(self.est, uf, p, p + len(fire))
         e = evidence(theta, log_z, uf[p], uf[p + len(fire)])  # (F, m)
         at = change_point(e, rising=True)
+        onsets = self._onsets(window, fresh, pairs[rows[fire]], by_innovation[fire], m)
         events = []
         for f, q in enumerate(fire):
             key = keys[rows[q]]
             self._streak.pop(key, None)
-            onset = int(end_tick - (n - 1 - pos[q, at[f]]) * period)
+            onset = int(end_tick - (n - 1 - onsets[f]) * period)
             ev = self.detector.fast_change(key, "became-dependent", float(mi[q]), end_tick, onset,
                                            self._hold_ns(end_tick, onset))  # fmt: skip
             if ev is None:

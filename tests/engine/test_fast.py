@@ -191,10 +191,10 @@ def test_smooth_channels_give_no_fast_events() -> None:
     ]
 
 
-def test_a_smooth_pair_that_couples_is_reported_within_seconds() -> None:
-    """Smooth channels (AR(1), time constant 20 samples): a tanh relation that starts at 30 s is reported by the
-    fast path within 3 s (its short window's innovations show it; its levels hold a few dozen effective samples),
-    with no other event."""
+def test_a_smooth_pair_that_couples_and_decouples_is_reported_within_seconds() -> None:
+    """Smooth channels (AR(1), time constant 20 samples): a tanh relation that holds from 25 s to 45 s is reported
+    by the fast path within 3 s of each change (its innovations show what its levels, a few dozen effective samples
+    a short window, cannot yet), each onset within 1 s, with no other event."""
     rng = np.random.default_rng(506)
     n = int(60 * RATE)
 
@@ -204,14 +204,16 @@ def test_a_smooth_pair_that_couples_is_reported_within_seconds() -> None:
 
     data = {f"s{k}": smooth() for k in range(4)}
     data["d0"], data["d1"] = smooth(), smooth()
-    on = int(30 * RATE)
-    data["d1"][on:] = (np.tanh(2 * data["d0"]) + 0.5 * smooth())[on:]
+    on, off = int(25 * RATE), int(45 * RATE)
+    data["d1"][on:off] = (np.tanh(2 * data["d0"]) + 0.5 * smooth())[on:off]
     events = _replay(T0 + np.arange(n) / RATE, data)
-    assert [(e.pair, e.kind, e.path) for e in events][:1] == [(("d0", "d1"), "became-dependent", "fast")], [
+    seen = [(e.pair, e.kind, e.path) for e in events]
+    assert seen == [(("d0", "d1"), "became-dependent", "fast"), (("d0", "d1"), "became-independent", "fast")], [
         (e.pair, e.kind, e.path, e.t_ns / 1e9 - T0) for e in events
     ]
-    assert 0 <= events[0].t_ns / 1e9 - (T0 + 30.0) <= 3.0
-    assert {e.pair for e in events} == {("d0", "d1")}
+    for ev, t_change in zip(events, (25.0, 45.0), strict=True):
+        assert 0 <= ev.t_ns / 1e9 - (T0 + t_change) <= 3.0
+        assert ev.onset_t_ns is not None and abs(ev.onset_t_ns / 1e9 - (T0 + t_change)) <= 1.0
 
 
 def test_events_keep_onset_and_path_in_the_parquet_history(tmp_path) -> None:
