@@ -335,7 +335,9 @@ class FastPath:
             xy[white] = prewhiten(xy[white])
         u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, span)
         p = np.arange(len(pairs))
-        theta, log_z, _ = pair_tables(self.est, np.ascontiguousarray(u[:, -m:]), p, p + len(pairs))
+        # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)
+        newest = rank_transform(np.ascontiguousarray(xy[:, -m:]), self.est.ties)
+        theta, log_z, _ = pair_tables(self.est, newest, p, p + len(pairs))
         e = evidence(theta, log_z, u[p], u[p + len(pairs)])  # (P, span)
         return pos[p, change_point(e, rising=True)]
 
@@ -407,7 +409,7 @@ class FastPath:
         for k in rows:
             self._tested[keys[k]] = end_tick
         self.counts["sentinel_pairs"] += len(rows)
-        mi, ne, u, _ = self._short_estimates(window, fresh, pairs[rows], m)
+        mi, ne, u, pos = self._short_estimates(window, fresh, pairs[rows], m)
         null = self.nulls(m)
         # a smooth pair's short window holds few independent samples, so its levels' null is wide; its innovations
         # (what is new at each sample) hold nearly m. Both are tested, each at half the rate.
@@ -439,7 +441,10 @@ class FastPath:
         theta, log_z, _ = pair_tables(self.est, uf, p, p + len(fire))
         e = evidence(theta, log_z, uf[p], uf[p + len(fire)])  # (F, m)
         at = change_point(e, rising=True)
-        onsets = self._onsets(window, fresh, pairs[rows[fire]], by_innovation[fire], m)
+        onsets = pos[fire, at]  # white pairs: the short window holds the change; smooth ones are often seen later
+        far = np.flatnonzero(is_smooth[fire])
+        if len(far):
+            onsets[far] = self._onsets(window, fresh, pairs[rows[fire][far]], by_innovation[fire][far], m)
         events = []
         for f, q in enumerate(fire):
             key = keys[rows[q]]
