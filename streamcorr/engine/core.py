@@ -57,7 +57,7 @@ from ..logutil import RateLimitedLog
 from .buffers import ChannelCounters
 from .changes import ChangeDetector, ChangeEvent, cached_calibration
 from .fanout import Fanout
-from .fast import FastPath, window_onsets
+from .fast import FastPath
 from .hop import Hop
 from .intake import EngineCounters, Intake
 from .lags import LagTracker
@@ -65,6 +65,7 @@ from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
 from .scheduler import Scheduler
 from .screen import Screener
 from .settings import EngineConfig, hop_budget_s, sentinel_len
+from .short_windows import window_onsets
 
 log = logging.getLogger("streamcorr.engine.core")
 __all__ = ["Engine", "EngineConfig", "EngineCounters"]

@@ -38,7 +38,6 @@ and holds the window's verdicts on the pair until its window holds only samples 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -49,19 +48,19 @@ import numpy as np
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import change_point, evidence, pair_tables, window_moments
-from ..estimate.significance import WHITE_FROM, NullTable, autocorrelation, pair_n_eff, prewhiten
+from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
+from .short_windows import onsets, short_estimates
 
-__all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath", "window_onsets"]
+__all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
 ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
 CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
 CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
 PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
-ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 
@@ -229,7 +228,7 @@ class FastPath:
                 early.append(k)
         events = self._confirm_by_innovations(end_tick, keys, pairs, window, fresh, early) if early else []
         for m, ks in by_len.items():
-            mi, ne, _, _ = self._short_estimates(window, fresh, pairs[ks], m)
+            mi, ne, _, _ = short_estimates(self.est, window, fresh, pairs[ks], m)
             for k, x, lo in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), strict=True):
                 ref = self._refs[keys[k]]
                 half = ref.allowance * 2.0  # half the reference's level
@@ -260,10 +259,10 @@ class FastPath:
         for length in np.unique(m).tolist():
             sel = np.flatnonzero(m == length)
             ps = pairs[[ks[q] for q in sel]]
-            after, ne_after, _, _ = self._short_estimates(window, fresh, ps, length, innovations=True)
+            after, ne_after, _, _ = short_estimates(self.est, window, fresh, ps, length, innovations=True)
             at = np.full(len(sel), n) - since[sel]  # window position of each onset
             span = min(INNOVATIONS_BEFORE, n - length)
-            was, ne_was, _, _ = self._short_estimates(window, fresh, ps, span, innovations=True, before=at)
+            was, ne_was, _, _ = short_estimates(self.est, window, fresh, ps, span, innovations=True, before=at)
             with np.errstate(invalid="ignore"):
                 gone = after < self.nulls(length).independent_below(ne_after)
                 showed = was > self.nulls(span).dependent_above(ne_was, 0.01)
@@ -282,64 +281,6 @@ class FastPath:
     def _hold_ns(self, end_tick: int, onset_tick: int) -> int:
         """From now until the window holds only samples after the onset."""
         return max(0, onset_tick + self.window_len * self.period_ns - end_tick)
-
-    def _rows(
-        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, before: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Values (2P, m) of pairs (P, 2) on their newest m rows of the window where at least one channel has a new
-        sample (rows both repeat leave the pair, as in the window's estimate; x rows then y rows), their positions
-        in the window (P, m), and which pairs have m such rows (P,). With ``before`` (P,): the newest m rows before
-        that position of the window."""
-        n = window.shape[1]
-        keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
-        if before is not None:
-            keep &= np.arange(n)[None, :] < before[:, None]
-        enough = keep.sum(axis=1) >= m
-        pos = np.zeros((len(pairs), m), dtype=np.int64)
-        for q in np.flatnonzero(enough):
-            pos[q] = np.flatnonzero(keep[q])[-m:]
-        pos[~enough] = np.arange(n - m, n)
-        x = np.take_along_axis(window[pairs[:, 0]], pos, axis=1)  # (P, m)
-        y = np.take_along_axis(window[pairs[:, 1]], pos, axis=1)
-        return np.concatenate([x, y]), pos, enough
-
-    def _short_estimates(
-        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False,
-        before: np.ndarray | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-        """MI and effective size (P,) of pairs (P, 2) on their newest m rows (:meth:`_rows`), ranked anew; also the
-        ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
-        ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
-        xy, pos, enough = self._rows(window, fresh, pairs, m, before)
-        if innovations:
-            xy = prewhiten(xy)
-        u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, m)
-        p = np.arange(len(pairs))
-        mi = self.est.estimate_ranks(u, p, p + len(pairs))
-        acf = autocorrelation(u)
-        ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
-        mi[~enough] = np.nan
-        return mi, ne, u.reshape(2, len(pairs), m), pos
-
-    def _onsets(
-        self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, innovations: np.ndarray, m: int
-    ) -> np.ndarray:
-        """Window positions (P,) where each new dependence of pairs (P, 2) began: the change point of the evidence
-        over their newest ``ONSET_SPAN`` rows under the table of the newest m (of the levels, or of the innovations
-        where ``innovations`` (P,) says only they showed it). The span reaches back before the short window, which
-        a smooth pair's change has often left by the time it is seen."""
-        span = min(window.shape[1], max(m, ONSET_SPAN))
-        xy, pos, _ = self._rows(window, fresh, pairs, span)
-        white = np.concatenate([innovations, innovations])
-        if white.any():
-            xy[white] = prewhiten(xy[white])
-        u = rank_transform(np.ascontiguousarray(xy), self.est.ties)  # (2P, span)
-        p = np.arange(len(pairs))
-        # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)
-        newest = rank_transform(np.ascontiguousarray(xy[:, -m:]), self.est.ties)
-        theta, log_z, _ = pair_tables(self.est, newest, p, p + len(pairs))
-        e = evidence(theta, log_z, u[p], u[p + len(pairs)])  # (P, span)
-        return pos[p, change_point(e, rising=True)]
 
     # -- references -----------------------------------------------------------------------------------
     def _refresh(
@@ -409,7 +350,7 @@ class FastPath:
         for k in rows:
             self._tested[keys[k]] = end_tick
         self.counts["sentinel_pairs"] += len(rows)
-        mi, ne, u, pos = self._short_estimates(window, fresh, pairs[rows], m)
+        mi, ne, u, pos = short_estimates(self.est, window, fresh, pairs[rows], m)
         null = self.nulls(m)
         # a smooth pair's short window holds few independent samples, so its levels' null is wide; its innovations
         # (what is new at each sample) hold nearly m. Both are tested, each at half the rate.
@@ -420,7 +361,7 @@ class FastPath:
                                   null.dependent_above(ne, self.alpha, self.detector.min_effect))  # fmt: skip
         by_innovation = np.zeros(len(rows), dtype=bool)
         if len(smooth):
-            mi_i, ne_i, _, _ = self._short_estimates(window, fresh, pairs[rows[smooth]], m, innovations=True)
+            mi_i, ne_i, _, _ = short_estimates(self.est, window, fresh, pairs[rows[smooth]], m, innovations=True)
             with np.errstate(invalid="ignore"):
                 by_innovation[smooth] = mi_i > null.dependent_above(ne_i, self.alpha / 2, self.detector.min_effect)
             by_innovation &= ~above
@@ -441,15 +382,15 @@ class FastPath:
         theta, log_z, _ = pair_tables(self.est, uf, p, p + len(fire))
         e = evidence(theta, log_z, uf[p], uf[p + len(fire)])  # (F, m)
         at = change_point(e, rising=True)
-        onsets = pos[fire, at]  # white pairs: the short window holds the change; smooth ones are often seen later
+        begun = pos[fire, at]  # white pairs: the short window holds the change; smooth ones are often seen later
         far = np.flatnonzero(is_smooth[fire])
         if len(far):
-            onsets[far] = self._onsets(window, fresh, pairs[rows[fire][far]], by_innovation[fire][far], m)
+            begun[far] = onsets(self.est, window, fresh, pairs[rows[fire][far]], by_innovation[fire][far], m)
         events = []
         for f, q in enumerate(fire):
             key = keys[rows[q]]
             self._streak.pop(key, None)
-            onset = int(end_tick - (n - 1 - onsets[f]) * period)
+            onset = int(end_tick - (n - 1 - begun[f]) * period)
             ev = self.detector.fast_change(key, "became-dependent", float(mi[q]), end_tick, onset,
                                            self._hold_ns(end_tick, onset))  # fmt: skip
             if ev is None:
@@ -462,25 +403,3 @@ class FastPath:
                 self._set_reference(key, theta[f], float(log_z[f]), float(after.mean()),
                                     float(after.var()) / share, share, end_tick)  # fmt: skip
         return events
-
-
-def window_onsets(
-    est: Estimator, events: list[ChangeEvent], u: np.ndarray, names: list[str], period_ns: int
-) -> list[ChangeEvent]:
-    """The window path's events with their onsets: the change point of the pair's evidence over the window, under
-    the window's own table (u (C, N): the hop's ranks). A pair's first verdict (``initial``) has none."""
-    index = {name: k for k, name in enumerate(names)}
-    todo = [k for k, ev in enumerate(events) if not ev.initial]
-    if not todo:
-        return events
-    iu = np.array([index[events[k].pair[0]] for k in todo])
-    iv = np.array([index[events[k].pair[1]] for k in todo])
-    theta, log_z, _ = pair_tables(est, u, iu, iv)
-    e = evidence(theta, log_z, u[iu], u[iv])  # (E, N)
-    rising = np.array([events[k].kind in ("became-dependent", "rise") for k in todo])
-    at = np.where(rising, change_point(e, True), change_point(e, False))
-    out = list(events)
-    for q, k in enumerate(todo):
-        onset = int(events[k].t_ns - (u.shape[1] - 1 - at[q]) * period_ns)
-        out[k] = dataclasses.replace(events[k], onset_t_ns=onset)
-    return out

@@ -1,0 +1,106 @@
+"""A pair's newest rows: the fast path's short windows (:mod:`streamcorr.engine.fast`) and change onsets.
+
+A short window is a pair's newest m rows of the hop's window where at least one of its channels has a new sample
+(rows both repeat leave the pair, as in the window's estimate), ranked anew. A smooth channel's rows can be replaced
+by their innovations (residuals of an AR fit over those rows, :func:`streamcorr.estimate.significance.prewhiten`):
+what is new at each sample, nearly one effective sample per row where the levels hold a few dozen in a few hundred.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..estimate.copula import rank_transform
+from ..estimate.estimator import Estimator
+from ..estimate.evidence import change_point, evidence, pair_tables
+from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
+from .changes import ChangeEvent
+
+__all__ = ["ONSET_SPAN", "newest_rows", "onsets", "short_estimates", "window_onsets"]
+
+ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
+
+
+def newest_rows(
+    window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, before: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Values (2P, m) of pairs (P, 2) on their newest m rows of the window where at least one channel has a new
+    sample (rows both repeat leave the pair, as in the window's estimate; x rows then y rows), their positions
+    in the window (P, m), and which pairs have m such rows (P,). With ``before`` (P,): the newest m rows before
+    that position of the window."""
+    n = window.shape[1]
+    keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
+    if before is not None:
+        keep &= np.arange(n)[None, :] < before[:, None]
+    enough = keep.sum(axis=1) >= m
+    pos = np.zeros((len(pairs), m), dtype=np.int64)
+    for q in np.flatnonzero(enough):
+        pos[q] = np.flatnonzero(keep[q])[-m:]
+    pos[~enough] = np.arange(n - m, n)
+    x = np.take_along_axis(window[pairs[:, 0]], pos, axis=1)  # (P, m)
+    y = np.take_along_axis(window[pairs[:, 1]], pos, axis=1)
+    return np.concatenate([x, y]), pos, enough
+
+
+def short_estimates(
+    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False,
+    before: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """MI and effective size (P,) of pairs (P, 2) on their newest m rows (:func:`newest_rows`), ranked anew; also the
+    ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
+    ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
+    xy, pos, enough = newest_rows(window, fresh, pairs, m, before)
+    if innovations:
+        xy = prewhiten(xy)
+    u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, m)
+    p = np.arange(len(pairs))
+    mi = est.estimate_ranks(u, p, p + len(pairs))
+    acf = autocorrelation(u)
+    ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
+    mi[~enough] = np.nan
+    return mi, ne, u.reshape(2, len(pairs), m), pos
+
+
+def onsets(
+    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, innovations: np.ndarray, m: int
+) -> np.ndarray:
+    """Window positions (P,) where each new dependence of pairs (P, 2) began: the change point of the evidence
+    over their newest ``ONSET_SPAN`` rows under the table of the newest m (of the levels, or of the innovations
+    where ``innovations`` (P,) says only they showed it). The span reaches back before the short window, which
+    a smooth pair's change has often left by the time it is seen."""
+    span = min(window.shape[1], max(m, ONSET_SPAN))
+    xy, pos, _ = newest_rows(window, fresh, pairs, span)
+    white = np.concatenate([innovations, innovations])
+    if white.any():
+        xy[white] = prewhiten(xy[white])
+    u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, span)
+    p = np.arange(len(pairs))
+    # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)
+    newest = rank_transform(np.ascontiguousarray(xy[:, -m:]), est.ties)
+    theta, log_z, _ = pair_tables(est, newest, p, p + len(pairs))
+    e = evidence(theta, log_z, u[p], u[p + len(pairs)])  # (P, span)
+    return pos[p, change_point(e, rising=True)]
+
+
+def window_onsets(
+    est: Estimator, events: list[ChangeEvent], u: np.ndarray, names: list[str], period_ns: int
+) -> list[ChangeEvent]:
+    """The window path's events with their onsets: the change point of the pair's evidence over the window, under
+    the window's own table (u (C, N): the hop's ranks). A pair's first verdict (``initial``) has none."""
+    index = {name: k for k, name in enumerate(names)}
+    todo = [k for k, ev in enumerate(events) if not ev.initial]
+    if not todo:
+        return events
+    iu = np.array([index[events[k].pair[0]] for k in todo])
+    iv = np.array([index[events[k].pair[1]] for k in todo])
+    theta, log_z, _ = pair_tables(est, u, iu, iv)
+    e = evidence(theta, log_z, u[iu], u[iv])  # (E, N)
+    rising = np.array([events[k].kind in ("became-dependent", "rise") for k in todo])
+    at = np.where(rising, change_point(e, True), change_point(e, False))
+    out = list(events)
+    for q, k in enumerate(todo):
+        onset = int(events[k].t_ns - (u.shape[1] - 1 - at[q]) * period_ns)
+        out[k] = dataclasses.replace(events[k], onset_t_ns=onset)
+    return out
