@@ -51,6 +51,7 @@ from ..estimate.evidence import change_point, evidence, pair_tables, window_mome
 from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
+from .innovation_watch import InnovationWatch
 from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
 from .short_windows import onsets, short_estimates
 
@@ -125,6 +126,8 @@ class FastPath:
         self._streak: dict[tuple[str, str], int] = {}
         self._tested: dict[tuple[str, str], int] = {}  # end tick of each pair's latest sentinel test
         self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
+        self.watch = InnovationWatch(est, lambda d, v: cusum_threshold(d, v, self.arl_samples), MIN_REFERENCE,
+                                     period_ns)  # fmt: skip
         self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
         self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
         self.counts = {
@@ -135,6 +138,7 @@ class FastPath:
             "references": 0,
             "innovation_alarms": 0,
             "innovation_confirmed": 0,
+            "innovation_cusum_alarms": 0,
         }
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
@@ -142,7 +146,7 @@ class FastPath:
 
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a retired channel."""
-        for state in (self._refs, self._streak, self._tested, self._long_run_var):
+        for state in (self._refs, self._streak, self._tested, self._long_run_var, self.watch.refs):
             for pair in [p for p in state if p[0] in channels or p[1] in channels]:
                 del state[pair]
 
@@ -167,15 +171,16 @@ class FastPath:
         held = held[held >= 0]
         held = held[ok[held]]
         keep = {keys[k] for k in held}
-        for key in [p for p in self._refs if p not in keep]:  # a pair no longer held dependent keeps no reference
-            del self._refs[key]
+        for refs in (self._refs, self.watch.refs):  # a pair no longer held dependent keeps no reference
+            for key in [p for p in refs if p not in keep]:
+                del refs[key]
         candidates = np.flatnonzero(sentinel & ok)
         watched = np.array([k for k in candidates if self.detector.is_dependent(keys[k]) is False], dtype=np.int64)
         events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held)
         left_s = self.budget_s - (time.perf_counter() - hop.began)
         if math.isfinite(self.budget_s):  # live: a matrix whose pairs all turn dependent at once gets its references
             left_s = min(left_s, REFERENCE_SHARE * self.hop_samples * self.period_ns / 1e9)  # over hops, each on time
-        self._refresh(end_tick, keys, pairs, ranks, n_eff, held, left_s)
+        self._refresh(end_tick, keys, pairs, ranks, window, fresh, n_eff, held, left_s)
         budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
         events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
         return events
@@ -210,8 +215,6 @@ class FastPath:
                 r.s, r.zero_tick, r.seen_tick = sk, zk, end_tick
                 if sk > r.threshold:
                     alarms.append(k)
-        if not alarms:
-            return []
         self.counts["alarms"] += len(alarms)
         by_len: dict[int, list[int]] = {}
         early: list[int] = []  # smooth pairs with too few samples since the onset for their levels
@@ -226,8 +229,13 @@ class FastPath:
                 by_len.setdefault(fit[0], []).append(k)
             elif self.est.prewhiten != "ar" and since >= min(CONFIRM_LENGTHS):  # smooth: its innovations may tell now
                 early.append(k)
-        events = self._confirm_by_innovations(end_tick, keys, pairs, window, fresh, early) if early else []
-        for m, ks in by_len.items():
+        began = [self._refs[keys[k]].zero_tick for k in early]
+        events = self._confirm_by_innovations(end_tick, keys, pairs, window, fresh, early, began) if early else []
+        events += self._watch_innovations(end_tick, keys, pairs, window, fresh, rows)
+        for m, alarmed in by_len.items():
+            ks = [k for k in alarmed if keys[k] in self._refs]  # not confirmed on its innovations meanwhile
+            if not ks:
+                continue
             mi, ne, _, _ = short_estimates(self.est, window, fresh, pairs[ks], m)
             for k, x, lo in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), strict=True):
                 ref = self._refs[keys[k]]
@@ -245,15 +253,16 @@ class FastPath:
         return events
 
     def _confirm_by_innovations(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray, ks: list[int]
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray, ks: list[int],
+        zero: list[int],
     ) -> list[ChangeEvent]:  # fmt: skip
         """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
         samples: the innovations over the samples since the onset (the newest 64 or 128) within the null of
         independent pairs at their effective size and below half their level over the ``INNOVATIONS_BEFORE``
         samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
-        not confirmed wait for their levels."""
+        not confirmed wait for their levels. ``zero`` (per pair of ks): the onset tick, from either CUSUM."""
         n, period = self.window_len, self.period_ns
-        since = np.array([(end_tick - self._refs[keys[k]].zero_tick) // period for k in ks], dtype=np.int64)
+        since = (end_tick - np.array(zero, dtype=np.int64)) // period
         m = np.array([max(x for x in CONFIRM_LENGTHS if x <= s) for s in since.tolist()], dtype=np.int64)
         events = []
         for length in np.unique(m).tolist():
@@ -268,14 +277,40 @@ class FastPath:
                 showed = was > self.nulls(span).dependent_above(ne_was, 0.01)
                 done = gone & showed & (after < was / 2.0)
             for q in np.flatnonzero(done).tolist():
-                key = keys[ks[sel[q]]]
-                ref = self._refs.pop(key)
-                ev = self.detector.fast_change(key, "became-independent", float(after[q]), end_tick, ref.zero_tick,
-                                               self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip
+                key, onset = keys[ks[sel[q]]], zero[sel[q]]
+                self._refs.pop(key, None)
+                self.watch.refs.pop(key, None)
+                ev = self.detector.fast_change(key, "became-independent", float(after[q]), end_tick, onset,
+                                               self._hold_ns(end_tick, onset))  # fmt: skip
                 if ev is not None:
                     self.counts["confirmed"] += 1
                     self.counts["innovation_confirmed"] += 1
                     events.append(ev)
+        return events
+
+    def _watch_innovations(
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
+        rows: np.ndarray,
+    ) -> list[ChangeEvent]:  # fmt: skip
+        """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 64 samples or more
+        since its onset is confirmed on the innovations; one still unconfirmed at 128 starts again from 0."""
+        ks = [int(k) for k in rows if keys[k] in self.watch.refs]
+        if not ks:
+            return []
+        alarmed = [ks[q] for q in self.watch.score([keys[k] for k in ks], pairs[ks], window, end_tick)]
+        zero = [self.watch.refs[keys[k]].zero_tick for k in alarmed]
+        ready = [(k, z) for k, z in zip(alarmed, zero, strict=True) if (end_tick - z) // self.period_ns >= 64]
+        if not ready:
+            return []
+        self.counts["innovation_cusum_alarms"] += len(ready)
+        events = self._confirm_by_innovations(
+            end_tick, keys, pairs, window, fresh, *map(list, zip(*ready, strict=True))
+        )
+        for k, z in ready:
+            w = self.watch.refs.get(keys[k])
+            if w is not None and (end_tick - z) // self.period_ns >= 128:  # not confirmed: a false alarm
+                w.s = 0.0
+                self.counts["rejected"] += 1
         return events
 
     def _hold_ns(self, end_tick: int, onset_tick: int) -> int:
@@ -284,8 +319,8 @@ class FastPath:
 
     # -- references -----------------------------------------------------------------------------------
     def _refresh(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
-        n_eff: np.ndarray, rows: np.ndarray, left_s: float,
+        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None], window: np.ndarray,
+        fresh: np.ndarray, n_eff: np.ndarray, rows: np.ndarray, left_s: float,
     ) -> None:  # fmt: skip
         """New references for held pairs without one, and for those whose table is a window old while their CUSUM
         rests at 0; about one window's worth of pairs per window, pairs without one first; all within left_s, what
@@ -309,11 +344,18 @@ class FastPath:
         per = (time.perf_counter() - t0) / len(chosen)
         self._s_per_table = per if self._s_per_table == 0 else 0.7 * self._s_per_table + 0.3 * per
         mean, var = window_moments(theta, log_z, hist)
+        smooth = []
         for q, k in enumerate(chosen):
             ne = n_eff[k] if np.isfinite(n_eff[k]) else float(n)
             share = max(ne, 2.0) / n
             self._set_reference(keys[k], theta[q], float(log_z[q]), float(mean[q]), float(var[q]) / share, share,
                                 end_tick)  # fmt: skip
+            if share < WHITE_FROM and keys[k] in self._refs and fresh[sel[q]].all():  # both channels on the clock
+                smooth.append(q)
+        if smooth and self.est.prewhiten != "ar":  # their innovations get a CUSUM of their own
+            both = sel[smooth]
+            self.watch.make([keys[chosen[q]] for q in smooth], np.concatenate([window[both[:, 0]], window[both[:, 1]]]),
+                            end_tick)  # fmt: skip
 
     def _set_reference(
         self, key: tuple[str, str], theta: np.ndarray, log_z: float, mean: float, long_run_var: float, share: float,

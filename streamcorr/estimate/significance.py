@@ -56,6 +56,7 @@ from .copula import Ties, rank_transform
 __all__ = [
     "N_FEATURES",
     "NullTable",
+    "ar_fit",
     "autocorrelation",
     "estimate_own_rows",
     "max_lag",
@@ -128,18 +129,31 @@ def prewhiten(x: np.ndarray, order: int = AR_ORDER) -> np.ndarray:
     """
     x = np.asarray(x, dtype=np.float64)
     out = x.copy()
+    coef, fitted = ar_fit(x, order)
+    d = x - x.mean(axis=1, keepdims=True)
+    for k in np.flatnonzero(fitted):
+        out[k] = lfilter(np.concatenate(([1.0], -coef[k])), [1.0], d[k])
+    return out
+
+
+def ar_fit(x: np.ndarray, order: int = AR_ORDER) -> tuple[np.ndarray, np.ndarray]:
+    """Yule-Walker AR coefficients (P, min(order, T // 4)) of each row of x (P, T) about its mean, and which rows
+    were fitted (P,): a constant row is not (its coefficients are 0)."""
+    x = np.asarray(x, dtype=np.float64)
     t = x.shape[1]
     order = min(order, t // 4)
+    coef = np.zeros((len(x), max(order, 0)))
+    fitted = np.zeros(len(x), dtype=bool)
     if order < 1:
-        return out
+        return coef, fitted
     d = x - x.mean(axis=1, keepdims=True)
     nfft = 1 << math.ceil(math.log2(2 * t))
     f = np.fft.rfft(d, nfft, axis=1)
     r = np.fft.irfft(f.real**2 + f.imag**2, nfft, axis=1)[:, : order + 1] / t  # (P, order + 1)
-    for k in np.flatnonzero(r[:, 0] > 1e-12 * np.maximum(1.0, np.abs(x).max(axis=1) ** 2)):
-        a = solve_toeplitz(r[k, :order], r[k, 1 : order + 1])
-        out[k] = lfilter(np.concatenate(([1.0], -a)), [1.0], d[k])
-    return out
+    fitted = r[:, 0] > 1e-12 * np.maximum(1.0, np.abs(x).max(axis=1) ** 2)
+    for k in np.flatnonzero(fitted):
+        coef[k] = solve_toeplitz(r[k, :order], r[k, 1 : order + 1])
+    return coef, fitted
 
 
 def prewhiten_own_samples(x: np.ndarray, fresh: np.ndarray) -> np.ndarray:

@@ -1,0 +1,105 @@
+"""The fast path's decoupling test on a smooth pair's innovations (:mod:`streamcorr.engine.fast`).
+
+A smooth pair's scores on its levels move in runs, so the CUSUM on them needs a high threshold and alarms
+seconds after a decoupling. Its innovations (each channel's residuals of an AR fit over the reference window,
+applied to every new sample with the same coefficients) are nearly independent from one sample to the next.
+Where they showed the dependence (their table's mean score at least ``min_reference`` nats), a second CUSUM on
+their scores, with the same drift rule and run length between false alarms, alarms within a second or two. New
+innovations are ranked among the reference window's (its sorted innovations are kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.signal import lfilter
+
+from ..estimate.copula import rank_transform
+from ..estimate.estimator import Estimator
+from ..estimate.evidence import evidence, pair_tables, window_moments
+from ..estimate.significance import ar_fit, autocorrelation, pair_n_eff
+
+__all__ = ["InnovationWatch"]
+
+Key = tuple[str, str]
+
+
+@dataclass
+class _Watched:
+    coef: np.ndarray  # (2, order) AR coefficients of x and y over the reference window
+    mean: np.ndarray  # (2,) their means there
+    ordered: np.ndarray  # (2, N) the reference window's innovations, sorted
+    theta: np.ndarray  # (G, G) float32: the innovations' table
+    log_z: float
+    allowance: float  # nats per sample: a quarter of the mean score
+    threshold: float  # h, nats
+    seen_tick: int  # newest sample tick scored
+    s: float = 0.0  # the CUSUM
+    zero_tick: int = 0  # newest tick at which s was 0
+
+
+def _innovations(x: np.ndarray, coef: np.ndarray, mean: float) -> np.ndarray:
+    """Residuals of the AR filter ``coef`` on x (T,), the first len(coef) without their full history."""
+    return lfilter(np.concatenate(([1.0], -coef)), [1.0], x - mean)
+
+
+class InnovationWatch:
+    """Innovation CUSUMs of smooth held pairs: ``make`` from a window, ``score`` each hop's new samples."""
+
+    def __init__(
+        self, est: Estimator, threshold: Callable[[float, float], float], min_reference: float, period_ns: int
+    ) -> None:
+        self.est, self.threshold, self.min_reference, self.period_ns = est, threshold, min_reference, period_ns
+        self.refs: dict[Key, _Watched] = {}
+
+    def make(self, keys: list[Key], xy: np.ndarray, end_tick: int) -> None:
+        """References of pairs keys (P) from their window's values xy (2P, N): x rows, then y rows, every row a
+        new sample of both channels. Pairs whose innovations show too little dependence get none."""
+        p, n = np.arange(len(keys)), xy.shape[1]
+        coef, fitted = ar_fit(xy)
+        mean = xy.mean(axis=1)
+        e = np.stack([_innovations(xy[r], coef[r], mean[r]) for r in range(len(xy))])  # (2P, N)
+        u = rank_transform(np.ascontiguousarray(e), self.est.ties)
+        theta, log_z, hist = pair_tables(self.est, u, p, p + len(keys))
+        m, var = window_moments(theta, log_z, hist)
+        acf = autocorrelation(u)
+        share = np.maximum(pair_n_eff(acf[p], acf[p + len(keys)], n), 2.0) / n
+        ordered = np.sort(e, axis=1)
+        for q, key in enumerate(keys):
+            if m[q] < self.min_reference or not (fitted[q] and fitted[q + len(keys)]):
+                self.refs.pop(key, None)
+                continue
+            drift = float(m[q]) / 4.0
+            h = self.threshold(drift, max(float(var[q]) / float(share[q]), 1e-6))
+            rows = [q, q + len(keys)]
+            self.refs[key] = _Watched(coef[rows], mean[rows], ordered[rows], theta[q], float(log_z[q]), drift, h,
+                                      end_tick, 0.0, end_tick)  # fmt: skip
+
+    def score(self, keys: list[Key], pairs: np.ndarray, window: np.ndarray, end_tick: int) -> list[int]:
+        """Run the CUSUMs of pairs keys (P) (channel indices pairs (P, 2) into window (C, N)) over their samples
+        since the last hop; the indices (into keys) of those above their threshold."""
+        n, alarms = window.shape[1], []
+        for q, key in enumerate(keys):
+            w = self.refs.get(key)
+            if w is None:
+                continue
+            order = w.coef.shape[1]
+            new = int(min(n - order, (end_tick - w.seen_tick) // self.period_ns))
+            if new <= 0:
+                continue
+            u = []
+            for side in (0, 1):
+                e = _innovations(window[pairs[q, side], n - new - order :], w.coef[side], w.mean[side])[order:]
+                u.append(np.searchsorted(w.ordered[side], e) / w.ordered.shape[1])
+            inc = w.allowance - evidence(w.theta[None], np.array([w.log_z]), u[0][None], u[1][None])[0]  # (new,)
+            s, zero = w.s, w.zero_tick
+            for c in range(new):
+                s = max(0.0, s + float(inc[c]))
+                if s == 0.0:
+                    zero = end_tick - (new - 1 - c) * self.period_ns
+            w.s, w.zero_tick, w.seen_tick = s, zero, end_tick
+            if s > w.threshold:
+                alarms.append(q)
+        return alarms
