@@ -262,8 +262,12 @@ class FastPath:
         samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
         not confirmed wait for their levels. ``zero`` (per pair of ks): the onset tick, from either CUSUM."""
         n, period = self.window_len, self.period_ns
+        shortest = min(CONFIRM_LENGTHS)
+        room = [x for x in CONFIRM_LENGTHS if x <= n - shortest]  # rows since the onset, leaving some before it
         since = (end_tick - np.array(zero, dtype=np.int64)) // period
-        m = np.array([max(x for x in CONFIRM_LENGTHS if x <= s) for s in since.tolist()], dtype=np.int64)
+        fits = [q for q, s in enumerate(since.tolist()) if room and min(room) <= s <= n - shortest]
+        ks, zero, since = [ks[q] for q in fits], [zero[q] for q in fits], since[fits]
+        m = np.array([max(x for x in room if x <= s) for s in since.tolist()], dtype=np.int64)
         events = []
         for length in np.unique(m).tolist():
             sel = np.flatnonzero(m == length)
