@@ -303,7 +303,8 @@ class FastPath:
             return []
         alarmed = [ks[q] for q in self.watch.score([keys[k] for k in ks], pairs[ks], window, end_tick)]
         zero = [self.watch.refs[keys[k]].zero_tick for k in alarmed]
-        ready = [(k, z) for k, z in zip(alarmed, zero, strict=True) if (end_tick - z) // self.period_ns >= 64]
+        shortest = min(CONFIRM_LENGTHS)
+        ready = [(k, z) for k, z in zip(alarmed, zero, strict=True) if (end_tick - z) // self.period_ns >= shortest]
         if not ready:
             return []
         self.counts["innovation_cusum_alarms"] += len(ready)
@@ -312,7 +313,7 @@ class FastPath:
         )
         for k, z in ready:
             w = self.watch.refs.get(keys[k])
-            if w is not None and (end_tick - z) // self.period_ns >= 128:  # not confirmed: a false alarm
+            if w is not None and (end_tick - z) // self.period_ns >= 2 * shortest:  # not confirmed: a false alarm
                 w.s = 0.0
                 self.counts["rejected"] += 1
         return events

@@ -80,26 +80,32 @@ class InnovationWatch:
     def score(self, keys: list[Key], pairs: np.ndarray, window: np.ndarray, end_tick: int) -> list[int]:
         """Run the CUSUMs of pairs keys (P) (channel indices pairs (P, 2) into window (C, N)) over their samples
         since the last hop; the indices (into keys) of those above their threshold."""
-        n, alarms = window.shape[1], []
+        n = window.shape[1]
+        groups: dict[int, list[int]] = {}  # by samples new since the last score (one group unless a hop was skipped)
         for q, key in enumerate(keys):
             w = self.refs.get(key)
-            if w is None:
-                continue
-            order = w.coef.shape[1]
-            new = int(min(n - order, (end_tick - w.seen_tick) // self.period_ns))
-            if new <= 0:
-                continue
-            u = []
-            for side in (0, 1):
-                e = _innovations(window[pairs[q, side], n - new - order :], w.coef[side], w.mean[side])[order:]
-                u.append(np.searchsorted(w.ordered[side], e) / w.ordered.shape[1])
-            inc = w.allowance - evidence(w.theta[None], np.array([w.log_z]), u[0][None], u[1][None])[0]  # (new,)
-            s, zero = w.s, w.zero_tick
-            for c in range(new):
-                s = max(0.0, s + float(inc[c]))
-                if s == 0.0:
-                    zero = end_tick - (new - 1 - c) * self.period_ns
-            w.s, w.zero_tick, w.seen_tick = s, zero, end_tick
-            if s > w.threshold:
-                alarms.append(q)
-        return alarms
+            if w is not None:
+                new = int(min(n - w.coef.shape[1], (end_tick - w.seen_tick) // self.period_ns))
+                if new > 0:
+                    groups.setdefault(new, []).append(q)
+        alarms = []
+        for new, qs in groups.items():
+            ws = [self.refs[keys[q]] for q in qs]
+            u = np.empty((2, len(qs), new))  # new innovations, ranked among the reference window's
+            for g, (q, w) in enumerate(zip(qs, ws, strict=True)):
+                order = w.coef.shape[1]
+                for side in (0, 1):
+                    e = _innovations(window[pairs[q, side], n - new - order :], w.coef[side], w.mean[side])[order:]
+                    u[side, g] = np.searchsorted(w.ordered[side], e) / w.ordered.shape[1]
+            scores = evidence(np.stack([w.theta for w in ws]), np.array([w.log_z for w in ws]), u[0], u[1])
+            inc = np.array([w.allowance for w in ws])[:, None] - scores  # (G, new)
+            s = np.array([w.s for w in ws])
+            zero = np.array([w.zero_tick for w in ws], dtype=np.int64)
+            for c in range(new):  # the CUSUM, sample by sample, all pairs of the group at once
+                s = np.maximum(0.0, s + inc[:, c])
+                zero = np.where(s == 0.0, end_tick - (new - 1 - c) * self.period_ns, zero)
+            for q, w, sk, zk in zip(qs, ws, s.tolist(), zero.tolist(), strict=True):
+                w.s, w.zero_tick, w.seen_tick = sk, zk, end_tick
+                if sk > w.threshold:
+                    alarms.append(q)
+        return sorted(alarms)
