@@ -1,6 +1,10 @@
 """Ingest load: ZeroMQ chunks and MQTT messages through the real sources into a real Engine, with an exact ledger.
 
     python -m bench.ingest_load zmq|mqtt|all [--seconds 120] [--evaluate-pairs 0]
+    python -m bench.ingest_load mqtt --ceiling [--daemon]
+
+``--ceiling``: MQTT as fast as the publisher can send, beside ``mosquitto_sub`` in the same run
+(:mod:`bench.mqtt_burst`; with ``--daemon`` the subscriber is a ``streamcorr run`` process).
 
 zmq: a publisher process PUSHes msgpack chunks (64 channels x 100 samples, t0/dt form, float lists) at 20
 messages/s (128k samples/s) to a ZmqSource (PULL, bound on 127.0.0.1), whose sink is Engine.push.
@@ -380,7 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT host:port")
     ap.add_argument("--qos", type=int, choices=[0, 1, 2], default=0)
     ap.add_argument("--name", default=None, help="results file stem (default ingest_load, _quick under 120 s)")
+    ap.add_argument("--ceiling", action="store_true", help="mqtt: bursts at the publisher's pace (bench.mqtt_burst)")
+    ap.add_argument("--daemon", action="store_true", help="with --ceiling: a streamcorr run process subscribes")
     args = ap.parse_args(argv)
+    if args.ceiling:
+        if args.transport != "mqtt":
+            ap.error("--ceiling is an MQTT mode: python -m bench.ingest_load mqtt --ceiling")
+        from bench import mqtt_burst
+
+        return mqtt_burst.main(["--broker", args.broker] + (["--daemon"] if args.daemon else []))
     host, port = args.broker.rsplit(":", 1)
     rows = []
     if args.transport in ("zmq", "all"):
