@@ -21,16 +21,19 @@ left of the hop's budget (``screening.hop_budget`` of the hop) allows, and live 
 references over several hops, each published on time.
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
-flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its
-newest ``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate; a pair where one
-channel repeats rows the other does not, a slower channel on this clock, is left to the window) in one network pass,
-against the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half
-of ``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
+flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its newest
+``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate; a pair where one channel
+repeats rows the other does not, a slower channel on this clock, is left to the window) in one network pass, against
+the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half of
+``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
 independent samples (effective size below ``WHITE_FROM`` of its length), so the null of its levels is wide: its
-innovations (each row's residuals of an AR fit over the short window, what is new at each sample) are tested as
-well, at half the rate each. One hop above is enough: consecutive short windows overlap, so a second look costs
-half a second and adds little. The onset is the change point of the short window's evidence under its own table
-(of the levels), which also becomes the pair's first reference where the levels showed the change.
+innovations (each row's residuals of an AR fit over its rows, what is new at each sample) are tested as well, on the
+newest half, once and twice ``sentinel_len`` rows (shortest first, within half the window: a strong relation shows
+within a second, a weak one, as x^2 whose innovations change sign with x, needs more rows), sharing half the rate
+(the levels have the other half), each length's share scaled by its independent looks an hour. One hop above is
+enough: consecutive short windows overlap, so a second look costs half a second and adds little. The onset is the
+change point of the short window's evidence under its own table (of the levels, or of the innovations at the length
+that showed it), which also becomes the pair's first reference where the levels showed the change.
 
 A confirmed change flips the detector at once (``ChangeDetector.fast_change``, an event with ``path="fast"``)
 and holds the window's verdicts on the pair until its window holds only samples after the onset.
@@ -47,13 +50,13 @@ import numpy as np
 
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
-from ..estimate.evidence import change_point, evidence, pair_tables, window_moments
+from ..estimate.evidence import change_point, cusum_threshold, evidence, pair_tables, window_moments
 from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .innovation_watch import InnovationWatch
 from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
-from .short_windows import onsets, short_estimates
+from .short_windows import innovation_tests, onsets, short_estimates
 
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
@@ -89,16 +92,6 @@ class _Reference:
     zero_tick: int = 0  # newest tick at which s was 0: the onset of an alarm
 
 
-def cusum_threshold(drift: float, long_run_var: float, arl_samples: float) -> float:
-    """h for a CUSUM whose increments drift by -drift per sample with this long-run variance, so that it crosses
-    h once in arl_samples on average (Brownian approximation: ARL = v / (2 d^2) (e^a - 1 - a), a = 2 d h / v)."""
-    target = arl_samples * 2.0 * drift * drift / long_run_var
-    a = math.log1p(target)
-    for _ in range(20):  # fixed point of e^a = 1 + a + target
-        a = math.log1p(a + target)
-    return a * long_run_var / (2.0 * drift)
-
-
 class FastPath:
     """Per-pair fast tests; ``step`` once per hop after the window's verdicts, returns the hop's fast events."""
 
@@ -119,6 +112,8 @@ class FastPath:
         self.est, self.detector, self.nulls = est, detector, nulls
         self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
         self.sentinel_len = min(sentinel_len, window_len)
+        m = self.sentinel_len  # a smooth pair's innovations: half, once and twice that, within half the window
+        self.innovation_lengths = tuple(k for k in (m // 2, m, 2 * m) if 32 <= k <= max(m, window_len // 2))
         self.persist = persist
         self.alpha = 1e-3  # the sentinel's false-alarm rate per pair and hop; the engine sets it from its budget
         self.arl_samples = arl_pair_hours * 3600e9 / period_ns
@@ -184,6 +179,13 @@ class FastPath:
         budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
         events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
         return events
+
+    def _innovation_threshold(self, m: int, ne: np.ndarray) -> np.ndarray:
+        """MI above which a smooth pair's innovations on m rows are dependent: half the sentinel's rate, shared by
+        the lengths, each scaled by its independent looks an hour (a shorter window has more)."""
+        looks = max(self.hop_samples, m / 2) / max(self.hop_samples, self.sentinel_len / 2)
+        alpha = self.alpha / 2 / len(self.innovation_lengths) * looks
+        return self.nulls(m).dependent_above(ne, alpha, self.detector.min_effect)
 
     # -- decoupling ---------------------------------------------------------------------------------------
     def _decouple(
@@ -406,13 +408,13 @@ class FastPath:
         with np.errstate(invalid="ignore"):
             above = mi > np.where(is_smooth, null.dependent_above(ne, self.alpha / 2, self.detector.min_effect),
                                   null.dependent_above(ne, self.alpha, self.detector.min_effect))  # fmt: skip
-        by_innovation = np.zeros(len(rows), dtype=bool)
+        seen_on = np.zeros(len(rows), dtype=np.int64)  # the innovations' short window that showed it (0: none)
         if len(smooth):
-            mi_i, ne_i, _, _ = short_estimates(self.est, window, fresh, pairs[rows[smooth]], m, innovations=True)
-            with np.errstate(invalid="ignore"):
-                by_innovation[smooth] = mi_i > null.dependent_above(ne_i, self.alpha / 2, self.detector.min_effect)
-            by_innovation &= ~above
-            self.counts["innovation_alarms"] += int(by_innovation.sum())
+            todo = np.flatnonzero(is_smooth & ~above)
+            seen_on[todo] = innovation_tests(self.est, window, fresh, pairs[rows[todo]], self.innovation_lengths,
+                                             self._innovation_threshold)  # fmt: skip
+        by_innovation = seen_on > 0
+        self.counts["innovation_alarms"] += int(by_innovation.sum())
         above |= by_innovation
         fire = []
         for q, k in enumerate(rows.tolist()):
@@ -431,8 +433,11 @@ class FastPath:
         at = change_point(e, rising=True)
         begun = pos[fire, at]  # white pairs: the short window holds the change; smooth ones are often seen later
         far = np.flatnonzero(is_smooth[fire])
-        if len(far):
-            begun[far] = onsets(self.est, window, fresh, pairs[rows[fire][far]], by_innovation[fire][far], m)
+        lengths = np.where(by_innovation[fire], seen_on[fire], m)
+        for length in np.unique(lengths[far]):  # each pair's onset under the table of the short window that showed it
+            at_len = far[lengths[far] == length]
+            begun[at_len] = onsets(self.est, window, fresh, pairs[rows[fire][at_len]], by_innovation[fire][at_len],
+                                   int(length))  # fmt: skip
         events = []
         for f, q in enumerate(fire):
             key = keys[rows[q]]

@@ -9,6 +9,7 @@ what is new at each sample, nearly one effective sample per row where the levels
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from ..estimate.evidence import change_point, evidence, pair_tables
 from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeEvent
 
-__all__ = ["ONSET_SPAN", "newest_rows", "onsets", "short_estimates", "window_onsets"]
+__all__ = ["ONSET_SPAN", "innovation_tests", "newest_rows", "onsets", "short_estimates", "window_onsets"]
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
 
@@ -61,6 +62,23 @@ def short_estimates(
     ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
     mi[~enough] = np.nan
     return mi, ne, u.reshape(2, len(pairs), m), pos
+
+
+def innovation_tests(
+    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, lengths: tuple[int, ...],
+    threshold: Callable[[int, np.ndarray], np.ndarray],
+) -> np.ndarray:  # fmt: skip
+    """The shortest of ``lengths`` (P,) at which each pair's innovations on its newest rows are above
+    ``threshold(length, n_eff)``, or 0: tried shortest first, a pair seen at one length is not tried at the next."""
+    seen = np.zeros(len(pairs), dtype=np.int64)
+    for m in lengths:
+        todo = np.flatnonzero(seen == 0)
+        if not len(todo):
+            break
+        mi, ne, _, _ = short_estimates(est, window, fresh, pairs[todo], m, innovations=True)
+        with np.errstate(invalid="ignore"):
+            seen[todo[mi > threshold(m, ne)]] = m
+    return seen
 
 
 def onsets(

@@ -26,6 +26,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -33,7 +35,7 @@ from ..errors import InputError
 from .copula import marginal_histograms, pair_histograms
 from .estimator import Estimator
 
-__all__ = ["change_point", "evidence", "pair_tables", "window_moments"]
+__all__ = ["change_point", "cusum_threshold", "evidence", "pair_tables", "window_moments"]
 
 
 def pair_tables(
@@ -116,3 +118,13 @@ def change_point(e: np.ndarray, rising: bool) -> np.ndarray:
     c = np.cumsum(e - e.mean(axis=1, keepdims=True), axis=1)  # (P, M)
     at = np.argmin(c, axis=1) if rising else np.argmax(c, axis=1)
     return np.minimum(at + 1, e.shape[1] - 1)
+
+
+def cusum_threshold(drift: float, long_run_var: float, arl_samples: float) -> float:
+    """h for a CUSUM whose increments drift by -drift per sample with this long-run variance, so that it crosses
+    h once in arl_samples on average (Brownian approximation: ARL = v / (2 d^2) (e^a - 1 - a), a = 2 d h / v)."""
+    target = arl_samples * 2.0 * drift * drift / long_run_var
+    a = math.log1p(target)
+    for _ in range(20):  # fixed point of e^a = 1 + a + target
+        a = math.log1p(a + target)
+    return a * long_run_var / (2.0 * drift)

@@ -10,7 +10,7 @@ from scipy.signal import lfilter
 
 from streamcorr import Estimator
 from streamcorr.engine.core import Engine, EngineConfig
-from streamcorr.engine.fast import REFERENCE_SHARE, FastPath, cusum_threshold
+from streamcorr.engine.fast import REFERENCE_SHARE, FastPath
 from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
 from streamcorr.estimate.evidence import change_point, evidence, pair_tables, window_moments
 
@@ -38,22 +38,6 @@ def test_window_evidence_averages_to_the_dv_estimate(est: Estimator) -> None:
     np.testing.assert_allclose(per_sample, mean, atol=1e-4)  # the bilinear lookup is the histogram's binning
     np.testing.assert_allclose(np.maximum(mean, 0.0), direct, atol=2e-3)
     assert (var > 0).all()
-
-
-def test_cusum_threshold_gives_the_run_length_asked_for() -> None:
-    """A CUSUM with the threshold for a mean run length of 400 samples crosses it after 200 to 800 on average."""
-    rng = np.random.default_rng(502)
-    drift, var = 0.1, 0.5
-    h = cusum_threshold(drift, var, 400.0)
-    lengths = []
-    for _ in range(300):
-        s, k = 0.0, 0
-        while s <= h:
-            s = max(0.0, s - drift + np.sqrt(var) * rng.standard_normal())
-            k += 1
-        lengths.append(k)
-    assert 200 < np.mean(lengths) < 800  # Brownian approximation, overshoot ignored: conservative, within 2x
-    assert cusum_threshold(drift, var, 4e6) > cusum_threshold(drift, var, 4e4) > h
 
 
 def test_change_point_finds_a_shift_in_the_mean() -> None:

@@ -6,8 +6,9 @@ import numpy as np
 from scipy.signal import lfilter
 
 from streamcorr import Estimator
-from streamcorr.engine.fast import ARL_PAIR_HOURS, MIN_REFERENCE, cusum_threshold
+from streamcorr.engine.fast import ARL_PAIR_HOURS, MIN_REFERENCE
 from streamcorr.engine.innovation_watch import InnovationWatch
+from streamcorr.estimate.evidence import cusum_threshold
 
 PERIOD_NS = 10_000_000  # 100 Hz
 WINDOW = 1024

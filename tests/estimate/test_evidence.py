@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamcorr.errors import InputError
-from streamcorr.estimate.evidence import evidence
+from streamcorr.estimate.evidence import cusum_threshold, evidence
 from tests.naive import bilinear
 
 
@@ -33,3 +33,19 @@ def test_evidence_names_the_shapes_it_needs() -> None:
         evidence(np.zeros((1, 5, 5), np.float32), np.zeros(1), np.full((1, 4), np.nan), np.zeros((1, 4)))
     with pytest.raises(InputError, match="log_z"):
         evidence(np.zeros((2, 5, 5), np.float32), np.zeros((2, 1)), np.zeros((2, 4)), np.zeros((2, 4)))
+
+
+def test_cusum_threshold_gives_the_run_length_asked_for() -> None:
+    """A CUSUM with the threshold for a mean run length of 400 samples crosses it after 200 to 800 on average."""
+    rng = np.random.default_rng(502)
+    drift, var = 0.1, 0.5
+    h = cusum_threshold(drift, var, 400.0)
+    lengths = []
+    for _ in range(300):
+        s, k = 0.0, 0
+        while s <= h:
+            s = max(0.0, s - drift + np.sqrt(var) * rng.standard_normal())
+            k += 1
+        lengths.append(k)
+    assert 200 < np.mean(lengths) < 800  # Brownian approximation, overshoot ignored: conservative, within 2x
+    assert cusum_threshold(drift, var, 4e6) > cusum_threshold(drift, var, 4e4) > h
