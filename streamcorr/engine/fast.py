@@ -55,7 +55,7 @@ from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .innovation_watch import InnovationWatch
-from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
+from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE, innovation_lengths
 from .short_windows import innovation_tests, onsets, short_estimates
 
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
@@ -112,8 +112,7 @@ class FastPath:
         self.est, self.detector, self.nulls = est, detector, nulls
         self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
         self.sentinel_len = min(sentinel_len, window_len)
-        m = self.sentinel_len  # a smooth pair's innovations: half, once and twice that, within half the window
-        self.innovation_lengths = tuple(k for k in (m // 2, m, 2 * m) if 32 <= k <= max(m, window_len // 2))
+        self.innovation_lengths = innovation_lengths(self.sentinel_len, window_len)
         self.persist = persist
         self.alpha = 1e-3  # the sentinel's false-alarm rate per pair and hop; the engine sets it from its budget
         self.arl_samples = arl_pair_hours * 3600e9 / period_ns

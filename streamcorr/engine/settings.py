@@ -168,7 +168,9 @@ def fast_path_cost(cfg: EngineConfig, n_pairs: int | None) -> str:
     if n_pairs is not None:
         most = min(n_pairs, max(SENTINEL_MIN_PAIRS, round(SENTINEL_SHARE * n_pairs)))
     return (f"fast path on: per hop, one network pass over the newest {sentinel_len(cfg)} samples of up to {most:,} "
-            f"pairs held independent (or {SENTINEL_SHARE:.0%} of the hop's network pairs), a table lookup per new "
+            f"pairs held independent (or {SENTINEL_SHARE:.0%} of the hop's network pairs; smooth ones also on their "
+            f"innovations over {', '.join(map(str, innovation_lengths(sentinel_len(cfg), cfg.window_len)))} "
+            "samples), a table lookup per new "
             f"sample of each pair held dependent, and new tables for {refresh:.1%} of those")  # fmt: skip
 
 
@@ -176,6 +178,13 @@ def sentinel_len(cfg: EngineConfig) -> int:
     """Samples of the fast path's short window: changes.fast_window, at most a quarter of the window (64 or more),
     so that it sees a change well before the window does."""
     return min(cfg.window_len, max(64, min(cfg.fast_window, cfg.window_len // 4)))
+
+
+def innovation_lengths(sentinel_len: int, window_len: int) -> tuple[int, ...]:
+    """Rows a smooth pair's innovations are tested on by the sentinel: half, once and twice its short window, within
+    half the window (and the short window itself)."""
+    m = sentinel_len
+    return tuple(k for k in (m // 2, m, 2 * m) if 32 <= k <= max(m, window_len // 2))
 
 
 def hop_budget_s(cfg: EngineConfig) -> float:
