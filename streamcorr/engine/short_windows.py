@@ -53,12 +53,15 @@ def short_estimates(
     ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
     ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
     xy, pos, enough = newest_rows(window, fresh, pairs, m, before)
+    rows, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
+    at = at.reshape(-1)
     if innovations:
-        xy = prewhiten(xy)
-    u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, m)
+        rows = prewhiten(rows)
+    ranks = rank_transform(np.ascontiguousarray(rows), est.ties)
+    u = ranks[at]  # (2P, m)
     p = np.arange(len(pairs))
     mi = est.estimate_ranks(u, p, p + len(pairs))
-    acf = autocorrelation(u)
+    acf = autocorrelation(ranks)[at]
     ne = pair_n_eff(acf[p], acf[p + len(pairs)], m)
     mi[~enough] = np.nan
     return mi, ne, u.reshape(2, len(pairs), m), pos

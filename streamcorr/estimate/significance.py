@@ -47,7 +47,6 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
-from scipy.linalg import solve_toeplitz
 from scipy.signal import lfilter
 
 from ..errors import ConfigError, InputError
@@ -130,9 +129,11 @@ def prewhiten(x: np.ndarray, order: int = AR_ORDER) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     out = x.copy()
     coef, fitted = ar_fit(x, order)
-    d = x - x.mean(axis=1, keepdims=True)
-    for k in np.flatnonzero(fitted):
-        out[k] = lfilter(np.concatenate(([1.0], -coef[k])), [1.0], d[k])
+    d = x[fitted] - x[fitted].mean(axis=1, keepdims=True)
+    e = d.copy()
+    for k in range(coef.shape[1]):  # e[t] = d[t] - sum_k a_k d[t - k - 1], zero before the row's start
+        e[:, k + 1 :] -= coef[fitted, k : k + 1] * d[:, : -k - 1]
+    out[fitted] = e
     return out
 
 
@@ -151,8 +152,13 @@ def ar_fit(x: np.ndarray, order: int = AR_ORDER) -> tuple[np.ndarray, np.ndarray
     f = np.fft.rfft(d, nfft, axis=1)
     r = np.fft.irfft(f.real**2 + f.imag**2, nfft, axis=1)[:, : order + 1] / t  # (P, order + 1)
     fitted = r[:, 0] > 1e-12 * np.maximum(1.0, np.abs(x).max(axis=1) ** 2)
-    for k in np.flatnonzero(fitted):
-        coef[k] = solve_toeplitz(r[k, :order], r[k, 1 : order + 1])
+    rows = np.flatnonzero(fitted)
+    lag = np.abs(np.arange(order)[:, None] - np.arange(order)[None, :])  # the Yule-Walker matrices' Toeplitz index
+    try:
+        coef[rows] = np.linalg.solve(r[rows][:, lag], r[rows, 1 : order + 1, None])[:, :, 0]  # all rows at once
+    except np.linalg.LinAlgError:  # a singular system (a row of a few repeated values): row by row, least squares
+        for k in rows:
+            coef[k] = np.linalg.lstsq(r[k][lag], r[k, 1 : order + 1], rcond=None)[0]
     return coef, fitted
 
 

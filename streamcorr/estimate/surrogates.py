@@ -19,17 +19,17 @@ __all__ = ["SurrogateNulls", "normal_weight"]
 NORMAL_FROM = (50.0, 300.0)
 
 
-def normal_weight(n_eff: float) -> float:
+def normal_weight(n_eff: float | np.ndarray) -> np.ndarray:
     """Weight of the normal tail (against the gamma tail) in a surrogate null at this effective sample size."""
     lo, hi = NORMAL_FROM
-    return min(1.0, max(0.0, math.log(max(n_eff, 1e-9) / lo) / math.log(hi / lo)))
+    return np.clip(np.log(np.maximum(n_eff, 1e-9) / lo) / math.log(hi / lo), 0.0, 1.0)
 
 
-def _quantile(mean: float, var: float, tail: float, w: float) -> float:
-    """The value a null of this mean and variance exceeds with probability ``tail``: gamma and normal blended."""
-    normal = mean + norm.isf(tail) * math.sqrt(var) if w > 0 else 0.0
-    skewed = gamma.isf(tail, mean**2 / var, scale=var / mean) if w < 1 else 0.0
-    return float((1 - w) * skewed + w * normal)
+def _quantile(mean: np.ndarray, var: np.ndarray, tail: float, w: np.ndarray) -> np.ndarray:
+    """Values (P,) nulls of these means and variances exceed with probability ``tail``: gamma and normal blended."""
+    normal = np.where(w > 0, mean + norm.isf(tail) * np.sqrt(var), 0.0)
+    skewed = np.where(w < 1, gamma.isf(tail, mean**2 / var, scale=var / mean), 0.0)
+    return (1 - w) * skewed + w * normal
 
 
 class SurrogateNulls:
@@ -101,16 +101,16 @@ class SurrogateNulls:
     def thresholds(self, pairs: list[tuple[str, str]], alpha: float) -> tuple[np.ndarray, np.ndarray]:
         """(dependent_above, independent_below) per pair from its surrogate null; NaN where it has none."""
         hi, lo = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
-        for k, pair in enumerate(pairs):
-            null = self._nulls.get(pair)
-            if null is None:
-                continue
-            _, mean, var, dof, n_eff = null
-            mean, var = max(mean, 1e-6), max(var, 1e-12)
-            var_hi = var * (dof - 1) / chi2.ppf(0.05, dof - 1)
-            w = normal_weight(n_eff)
-            hi[k] = _quantile(mean, var_hi, alpha, w)
-            lo[k] = _quantile(mean, var, 0.1, w)
+        known = [(k, null) for k, pair in enumerate(pairs) if (null := self._nulls.get(pair)) is not None]
+        if not known:
+            return hi, lo
+        at = np.array([k for k, _ in known])
+        _, mean, var, dof, n_eff = np.array([null for _, null in known], dtype=np.float64).T  # (5, K)
+        mean, var = np.maximum(mean, 1e-6), np.maximum(var, 1e-12)
+        var_hi = var * (dof - 1) / chi2.ppf(0.05, dof - 1)
+        w = normal_weight(n_eff)
+        hi[at] = _quantile(mean, var_hi, alpha, w)
+        lo[at] = _quantile(mean, var, 0.1, w)
         return hi, lo
 
     def hop_thresholds(
