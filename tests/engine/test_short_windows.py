@@ -1,0 +1,66 @@
+"""The fast path's short windows: innovation tests at several lengths, shortest first."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.signal import lfilter
+
+from streamcorr.engine.settings import innovation_lengths
+from streamcorr.engine.short_windows import innovation_tests, short_estimates
+from streamcorr.estimate.estimator import Estimator
+
+
+def _smooth(rng: np.random.Generator, n: int, tau: float) -> np.ndarray:
+    return lfilter([1.0], [1.0, -np.exp(-1.0 / tau)], rng.standard_normal(n + 300))[300:]
+
+
+def test_innovation_lengths_are_half_once_and_twice_the_short_window_within_half_the_window() -> None:
+    """The defaults give 128, 256 and 512 rows at window 1024; a short window keeps what fits."""
+    assert innovation_lengths(256, 1024) == (128, 256, 512)
+    assert innovation_lengths(256, 512) == (128, 256)
+    assert innovation_lengths(64, 256) == (32, 64, 128)
+
+
+def test_a_strong_coupling_is_seen_on_the_shortest_window_and_independent_pairs_on_none() -> None:
+    """Smooth channels whose newest 150 rows couple strongly (y's innovations follow x's) are seen at 128 rows;
+    independent smooth pairs pass every length at a strict threshold; each pair is tried until one length shows it."""
+    rng = np.random.default_rng(531)
+    n, k = 1024, 6
+    x = np.stack([_smooth(rng, n, tau) for tau in rng.uniform(5.0, 30.0, k)])
+    y = np.stack([_smooth(rng, n, tau) for tau in rng.uniform(5.0, 30.0, k)])
+    y[0, -150:] = x[0, -150:] + 0.2 * _smooth(rng, 150, 10.0)
+    window = np.concatenate([x, y])  # (2k, n): channel c pairs with k + c
+    fresh = np.ones_like(window, dtype=bool)
+    pairs = np.stack([np.arange(k), np.arange(k) + k], axis=1)
+    est = Estimator()
+    tried: list[tuple[int, int]] = []
+
+    def threshold(m: int, n_eff: np.ndarray) -> np.ndarray:
+        tried.append((m, len(n_eff)))
+        return np.full(len(n_eff), 0.3)  # nats: far above independent pairs' innovations at these lengths
+
+    seen = innovation_tests(est, window, fresh, pairs, (128, 256, 512), threshold)
+    assert seen[0] == 128 and (seen[1:] == 0).all()
+    assert tried == [(128, k), (256, k - 1), (512, k - 1)]  # the coupled pair is not tried again
+    mi, n_eff, _, _ = short_estimates(est, window, fresh, pairs, 128, innovations=True)
+    assert mi[0] > 0.3 > np.max(mi[1:])
+    assert (n_eff > 0.6 * 128).all()  # innovations hold nearly one effective sample a row
+
+
+def test_short_estimates_match_each_pair_computed_on_its_own() -> None:
+    """Channels shared by several pairs are pre-whitened and ranked once: the same MI as each pair on its own."""
+    from streamcorr.estimate.copula import rank_transform
+    from streamcorr.estimate.significance import prewhiten
+
+    rng = np.random.default_rng(532)
+    window = np.stack([_smooth(rng, 512, tau) for tau in (4.0, 12.0, 25.0, 8.0)])
+    window[3] = window[0] + 0.5 * window[3]
+    fresh = np.ones_like(window, dtype=bool)
+    pairs = np.array([[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]])
+    est = Estimator()
+    mi, _, u, _ = short_estimates(est, window, fresh, pairs, 256, innovations=True)
+    for q, (a, b) in enumerate(pairs):
+        own = rank_transform(prewhiten(window[[a, b], -256:]), est.ties)
+        assert np.array_equal(u[:, q], own)
+        alone = est.estimate_ranks(own, np.array([0]), np.array([1]))[0]
+        assert abs(mi[q] - alone) < 1e-5  # float32 network: a batch of one runs eager, six the compiled package
