@@ -384,9 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broker", default="127.0.0.1:1883", help="MQTT host:port")
     ap.add_argument("--qos", type=int, choices=[0, 1, 2], default=0)
     ap.add_argument("--name", default=None, help="results file stem (default ingest_load, _quick under 120 s)")
-    ap.add_argument("--ceiling", action="store_true", help="mqtt: bursts at the publisher's pace (bench.mqtt_burst)")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="mqtt: bursts at the publisher's pace, bench.mqtt_burst with its defaults (300,000 messages, "
+                         "3 bursts; run bench.mqtt_burst itself for its options)")  # fmt: skip
     ap.add_argument("--daemon", action="store_true", help="with --ceiling: a streamcorr run process subscribes")
     args = ap.parse_args(argv)
+    if args.daemon and not args.ceiling:
+        ap.error("--daemon goes with --ceiling: python -m bench.ingest_load mqtt --ceiling --daemon")
     if args.ceiling:
         if args.transport != "mqtt":
             ap.error("--ceiling is an MQTT mode: python -m bench.ingest_load mqtt --ceiling")
