@@ -48,3 +48,17 @@ def test_live_mqtt_config_parses_and_scoring_matches_events_to_the_script():
     first = r["expected"][0]
     assert (first["stream_delay_s"], first["wall_delay_s"], first["path"]) == (2.0, 2.5, "fast")
     assert r["missing"] == len(r["expected"]) - 1 and r["false_on_stable"] == 1 and r["fast_events"] == 1
+
+
+def test_mqtt_burst_daemon_quick(tmp_path, mqtt_broker):
+    """bench.mqtt_burst --daemon runs a small burst into a real streamcorr run process beside mosquitto_sub (smoke
+    test, not timing): the daemon's /metrics ledger closes and both subscribers are counted."""
+    env = os.environ | {"STREAMCORR_BENCH_RESULTS": str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "bench.mqtt_burst", "--daemon", "--messages", "4000", "--repeats", "1",
+                    "--broker", f"{mqtt_broker[0]}:{mqtt_broker[1]}"], check=True, env=env, capture_output=True,
+                   timeout=300)  # fmt: skip
+    data = json.loads((tmp_path / "mqtt_burst_daemon.json").read_text())
+    (run,) = data["runs"]
+    assert data["subscriber"] == "daemon" and run["published"] == 4008
+    assert run["ledger_ok"] and run["source_messages"] + run["source_seq_gaps"] == run["published"]
+    assert run["mosquitto_sub"] > 0 and run["source_messages"] > 0
