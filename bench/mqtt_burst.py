@@ -110,7 +110,7 @@ def _run_daemon(host: str, port: int, n: int) -> dict[str, Any]:
                         "channel_template": "{topic[2]}.{key}", "format": "json"}],
            "channels": {"rate_hz": 100.0, "max_channels": 64},
            "window": {"samples": 256, "hop_s": 1.0},
-           "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{_free_port()}"}},
+           "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{_free_port()}", "snapshot_endpoint": None}},
            "http": {"port": http_port},
            "logging": {"format": "text", "level": "WARNING"}}  # fmt: skip
     messages = 'streamcorr_messages_received_total{source="mqtt0"}'

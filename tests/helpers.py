@@ -131,21 +131,21 @@ def metric(text: str, series: str) -> float:
 
 
 def zmq_fed_daemon(names: list[str], rate_hz: float, **sections: Any) -> tuple[dict[str, Any], Any, Any]:
-    """A `streamcorr run` config with a bound ZeroMQ PULL source and a ZeroMQ output on free ports (window 256,
-    1-s hops, no skipped hops; ``sections`` override or add config sections), a PUSH socket connected to its
-    input and a SUB socket subscribed to its snapshots."""
+    """A `streamcorr run` config with a bound ZeroMQ PULL source and a ZeroMQ output (and its late-joiner cache) on
+    free ports (window 256, 1-s hops, no skipped hops; ``sections`` override or add config sections), a PUSH socket
+    connected to its input and a SUB socket subscribed to its snapshots."""
     import zmq
 
     from tests.brokers import free_port
 
-    p_in, p_out = free_port(), free_port()
+    p_in, p_out, p_latest = free_port(), free_port(), free_port()
     cfg = {
         "version": 1,
         "sources": [{"type": "zmq", "endpoint": f"tcp://127.0.0.1:{p_in}", "mode": "pull", "bind": True,
                      "channel_template": "{key}"}],
         "channels": {"names": names, "rate_hz": rate_hz},
         "window": {"samples": 256, "hop_s": 1.0, "skip_stale_hops": False},
-        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}"}},
+        "outputs": {"zmq": {"endpoint": f"tcp://127.0.0.1:{p_out}", "snapshot_endpoint": f"tcp://127.0.0.1:{p_latest}"}},
         "http": {"port": 0},
         "logging": {"format": "text"},
     } | sections  # fmt: skip
