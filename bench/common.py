@@ -92,3 +92,15 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    """Terminate proc if it still runs, and kill it if it has not exited within timeout_s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -28,7 +28,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 
-from bench.common import environment, write_results
+from bench.common import environment, stop_process, write_results
 from streamcorr.demo import DEMO_DELTA
 from streamcorr.demo.rig import Rig
 from streamcorr.publish.subscriber import Subscriber
@@ -118,12 +118,7 @@ async def run_once(host: str, port: int, seed: int, fast: bool, startup_s: float
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:  # it must not run on beside the next setting's daemon
-            daemon.kill()
-            daemon.wait()
+        stop_process(daemon, 30.0)  # it must not run on beside the next setting's daemon
         log.close()
     return score(rig, received, t0) | {"messages_sent": sent, "daemon_exit": daemon.returncode}
 

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import environment, write_results
+from bench.common import environment, stop_process, write_results
 from bench.hostile import _free_port, _metrics, _start_daemon, _wait
 
 DEVICES = 8
@@ -138,13 +138,7 @@ def _run_daemon(host: str, port: int, n: int) -> dict[str, Any]:
             cpu1 = _cpu_s(daemon.pid)  # the burst and the 8 s after it (the publisher's pauses, the drain)
         finally:
             for proc in (sub, daemon):
-                if proc is not None and proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                stop_process(proc, 60.0)
             if pub is not None and pub.is_alive():
                 pub.kill()
         sink.seek(0)

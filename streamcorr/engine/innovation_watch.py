@@ -14,12 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import evidence, pair_tables, window_moments
-from ..estimate.significance import ar_fit, autocorrelation, pair_n_eff
+from ..estimate.significance import ar_fit, ar_residuals, autocorrelation, pair_n_eff
 
 __all__ = ["InnovationWatch"]
 
@@ -40,11 +39,6 @@ class _Watched:
     zero_tick: int = 0  # newest tick at which s was 0
 
 
-def _innovations(x: np.ndarray, coef: np.ndarray, mean: float) -> np.ndarray:
-    """Residuals of the AR filter ``coef`` on x (T,), the first len(coef) without their full history."""
-    return lfilter(np.concatenate(([1.0], -coef)), [1.0], x - mean)
-
-
 class InnovationWatch:
     """Innovation CUSUMs of smooth held pairs: ``make`` from a window, ``score`` each hop's new samples."""
 
@@ -60,7 +54,7 @@ class InnovationWatch:
         p, n = np.arange(len(keys)), xy.shape[1]
         coef, fitted = ar_fit(xy)
         mean = xy.mean(axis=1)
-        e = np.stack([_innovations(xy[r], coef[r], mean[r]) for r in range(len(xy))])  # (2P, N)
+        e = ar_residuals(xy - mean[:, None], coef)  # (2P, N)
         u = rank_transform(np.ascontiguousarray(e), self.est.ties)
         theta, log_z, hist = pair_tables(self.est, u, p, p + len(keys))
         m, var = window_moments(theta, log_z, hist)
@@ -81,22 +75,26 @@ class InnovationWatch:
         """Run the CUSUMs of pairs keys (P) (channel indices pairs (P, 2) into window (C, N)) over their samples
         since the last hop; the indices (into keys) of those above their threshold."""
         n = window.shape[1]
-        groups: dict[int, list[int]] = {}  # by samples new since the last score (one group unless a hop was skipped)
+        # by samples new since the last score (one group unless a hop was skipped) and filter order
+        groups: dict[tuple[int, int], list[int]] = {}
         for q, key in enumerate(keys):
             w = self.refs.get(key)
             if w is not None:
-                new = int(min(n - w.coef.shape[1], (end_tick - w.seen_tick) // self.period_ns))
-                if new > 0:
-                    groups.setdefault(new, []).append(q)
-        alarms = []
-        for new, qs in groups.items():
-            ws = [self.refs[keys[q]] for q in qs]
-            u = np.empty((2, len(qs), new))  # new innovations, ranked among the reference window's
-            for g, (q, w) in enumerate(zip(qs, ws, strict=True)):
                 order = w.coef.shape[1]
+                new = int(min(n - order, (end_tick - w.seen_tick) // self.period_ns))
+                if new > 0:
+                    groups.setdefault((new, order), []).append(q)
+        alarms = []
+        for (new, order), qs in groups.items():
+            ws = [self.refs[keys[q]] for q in qs]
+            rows = np.concatenate([pairs[qs, 0], pairs[qs, 1]])  # x rows, then y rows
+            coef = np.concatenate([[w.coef[0] for w in ws], [w.coef[1] for w in ws]])  # (2G, order)
+            mean = np.concatenate([[w.mean[0] for w in ws], [w.mean[1] for w in ws]])
+            e = ar_residuals(window[rows, n - new - order :] - mean[:, None], coef)[:, order:].reshape(2, len(qs), new)
+            u = np.empty((2, len(qs), new))  # new innovations, ranked among the reference window's
+            for g, w in enumerate(ws):
                 for side in (0, 1):
-                    e = _innovations(window[pairs[q, side], n - new - order :], w.coef[side], w.mean[side])[order:]
-                    u[side, g] = np.searchsorted(w.ordered[side], e) / w.ordered.shape[1]
+                    u[side, g] = np.searchsorted(w.ordered[side], e[side, g]) / w.ordered.shape[1]
             scores = evidence(np.stack([w.theta for w in ws]), np.array([w.log_z for w in ws]), u[0], u[1])
             inc = np.array([w.allowance for w in ws])[:, None] - scores  # (G, new)
             s = np.array([w.s for w in ws])

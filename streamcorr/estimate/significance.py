@@ -56,6 +56,7 @@ __all__ = [
     "N_FEATURES",
     "NullTable",
     "ar_fit",
+    "ar_residuals",
     "autocorrelation",
     "estimate_own_rows",
     "max_lag",
@@ -129,12 +130,17 @@ def prewhiten(x: np.ndarray, order: int = AR_ORDER) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     out = x.copy()
     coef, fitted = ar_fit(x, order)
-    d = x[fitted] - x[fitted].mean(axis=1, keepdims=True)
-    e = d.copy()
-    for k in range(coef.shape[1]):  # e[t] = d[t] - sum_k a_k d[t - k - 1], zero before the row's start
-        e[:, k + 1 :] -= coef[fitted, k : k + 1] * d[:, : -k - 1]
-    out[fitted] = e
+    out[fitted] = ar_residuals(x[fitted] - x[fitted].mean(axis=1, keepdims=True), coef[fitted])
     return out
+
+
+def ar_residuals(d: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Residuals (P, T) of the AR filters coef (P, K) on the rows d (P, T), taken about their means:
+    e[t] = d[t] - sum_k coef[k] d[t - k - 1], the terms before a row's start left out."""
+    e = np.array(d, dtype=np.float64)
+    for k in range(coef.shape[1]):
+        e[:, k + 1 :] -= coef[:, k : k + 1] * d[:, : -k - 1]
+    return e
 
 
 def ar_fit(x: np.ndarray, order: int = AR_ORDER) -> tuple[np.ndarray, np.ndarray]:
