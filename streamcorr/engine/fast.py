@@ -27,10 +27,11 @@ repeats rows the other does not, a slower channel on this clock, is left to the 
 the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half of
 ``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
 independent samples (effective size below ``WHITE_FROM`` of its length), so the null of its levels is wide: its
-innovations (each row's residuals of an AR fit over its rows, what is new at each sample) are tested as well, on the
-newest half, once and twice ``sentinel_len`` rows (shortest first, within half the window: a strong relation shows
-within a second, a weak one, as x^2 whose innovations change sign with x, needs more rows), sharing half the rate
-(the levels have the other half), each length's share scaled by its independent looks an hour. One hop above is
+innovations (each row's residuals of an AR fit over its rows, what is new at each sample) are tested as well, plain
+(MI) and each channel's folded at its median (rank correlation: a fold, as x^2, flips the sign with which y's
+innovations follow x's; short_windows.FOLDS), on the newest half, once and twice ``sentinel_len`` rows (shortest
+first, within half the window: a strong relation shows within a second, a weak one needs more rows), sharing half
+the rate (the levels have the other half; ``settings.innovation_alpha`` splits it). One hop above is
 enough: consecutive short windows overlap, so a second look costs half a second and adds little. The onset is the
 change point of the short window's evidence under its own table (of the levels, or of the innovations at the length
 that showed it), which also becomes the pair's first reference where the levels showed the change.
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import norm
 
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
@@ -55,7 +57,7 @@ from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop
 from .innovation_watch import InnovationWatch
-from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE, innovation_lengths
+from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE, innovation_alpha, innovation_lengths
 from .short_windows import innovation_tests, onsets, short_estimates
 
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
@@ -124,16 +126,9 @@ class FastPath:
                                      period_ns)  # fmt: skip
         self.budget_s = budget_s  # of each hop, all stages: renewing references waits when the hop is over it
         self._s_per_table = 0.0  # measured seconds per reference table (0: not yet)
-        self.counts = {
-            "alarms": 0,
-            "confirmed": 0,
-            "rejected": 0,
-            "sentinel_pairs": 0,
-            "references": 0,
-            "innovation_alarms": 0,
-            "innovation_confirmed": 0,
-            "innovation_cusum_alarms": 0,
-        }
+        kinds = ("alarms", "confirmed", "rejected", "sentinel_pairs", "references", "innovation_alarms",
+                 "innovation_confirmed", "innovation_cusum_alarms")  # fmt: skip
+        self.counts = dict.fromkeys(kinds, 0)
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
         rank_transform(np.zeros((2, 4)), est.ties)
@@ -179,12 +174,14 @@ class FastPath:
         events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
         return events
 
+    def _innovation_alpha(self, m: int) -> float:  # each comparison's rate (settings.innovation_alpha)
+        return innovation_alpha(self.alpha, m, self.innovation_lengths, self.hop_samples, self.sentinel_len)
+
     def _innovation_threshold(self, m: int, ne: np.ndarray) -> np.ndarray:
-        """MI above which a smooth pair's innovations on m rows are dependent: half the sentinel's rate, shared by
-        the lengths, each scaled by its independent looks an hour (a shorter window has more)."""
-        looks = max(self.hop_samples, m / 2) / max(self.hop_samples, self.sentinel_len / 2)
-        alpha = self.alpha / 2 / len(self.innovation_lengths) * looks
-        return self.nulls(m).dependent_above(ne, alpha, self.detector.min_effect)
+        return self.nulls(m).dependent_above(ne, self._innovation_alpha(m), self.detector.min_effect)
+
+    def _fold_z(self, m: int) -> float:
+        return float(norm.isf(self._innovation_alpha(m) / 2))  # two-sided: a fold may open up or down
 
     # -- decoupling ---------------------------------------------------------------------------------------
     def _decouple(
@@ -408,10 +405,13 @@ class FastPath:
             above = mi > np.where(is_smooth, null.dependent_above(ne, self.alpha / 2, self.detector.min_effect),
                                   null.dependent_above(ne, self.alpha, self.detector.min_effect))  # fmt: skip
         seen_on = np.zeros(len(rows), dtype=np.int64)  # the innovations' short window that showed it (0: none)
+        shown_by = np.full(len(rows), -1, dtype=np.int64)  # -1: the levels, else the entry of FOLDS
         if len(smooth):
             todo = np.flatnonzero(is_smooth & ~above)
-            seen_on[todo] = innovation_tests(self.est, window, fresh, pairs[rows[todo]], self.innovation_lengths,
-                                             self._innovation_threshold)  # fmt: skip
+            seen_on[todo], shown_by[todo] = innovation_tests(self.est, window, fresh, pairs[rows[todo]],
+                                                             self.innovation_lengths, self._innovation_threshold,
+                                                             self._fold_z)  # fmt: skip
+            shown_by[seen_on == 0] = -1
         by_innovation = seen_on > 0
         self.counts["innovation_alarms"] += int(by_innovation.sum())
         above |= by_innovation
@@ -435,7 +435,7 @@ class FastPath:
         lengths = np.where(by_innovation[fire], seen_on[fire], m)
         for length in np.unique(lengths[far]):  # each pair's onset under the table of the short window that showed it
             at_len = far[lengths[far] == length]
-            begun[at_len] = onsets(self.est, window, fresh, pairs[rows[fire][at_len]], by_innovation[fire][at_len],
+            begun[at_len] = onsets(self.est, window, fresh, pairs[rows[fire][at_len]], shown_by[fire][at_len],
                                    int(length))  # fmt: skip
         events = []
         for f, q in enumerate(fire):

@@ -180,11 +180,24 @@ def sentinel_len(cfg: EngineConfig) -> int:
     return min(cfg.window_len, max(64, min(cfg.fast_window, cfg.window_len // 4)))
 
 
+# what a smooth pair's innovation test compares (engine.short_windows): x's and y's innovations, then each with the
+# other's folded at its median
+FOLDS = ("innovations", "x folded", "y folded")
+
+
 def innovation_lengths(sentinel_len: int, window_len: int) -> tuple[int, ...]:
     """Rows a smooth pair's innovations are tested on by the sentinel: half, once and twice its short window, within
     half the window (and the short window itself)."""
     m = sentinel_len
     return tuple(k for k in (m // 2, m, 2 * m) if 32 <= k <= max(m, window_len // 2))
+
+
+def innovation_alpha(alpha: float, m: int, lengths: tuple[int, ...], hop_samples: int, sentinel_len: int) -> float:
+    """False-alarm rate of each comparison of a smooth pair's innovations on m rows, from the sentinel's ``alpha``:
+    half of it, shared by the lengths, each scaled by its independent looks an hour (a shorter window has more),
+    and by the comparisons at each length (``FOLDS``)."""
+    looks = max(hop_samples, m / 2) / max(hop_samples, sentinel_len / 2)
+    return alpha / 2 / len(lengths) / len(FOLDS) * looks
 
 
 def hop_budget_s(cfg: EngineConfig) -> float:

@@ -4,6 +4,12 @@ A short window is a pair's newest m rows of the hop's window where at least one 
 (rows both repeat leave the pair, as in the window's estimate), ranked anew. A smooth channel's rows can be replaced
 by their innovations (residuals of an AR fit over those rows, :func:`streamcorr.estimate.significance.prewhiten`):
 what is new at each sample, nearly one effective sample per row where the levels hold a few dozen in a few hundred.
+
+A relation that folds (y = x^2, |x|) moves y's innovations with x's, with a sign that flips where x crosses the fold:
+the innovations alone then show little. Each channel's innovations *folded* at its median, sign(x - median) times
+its innovations, undo that for a fold near the median, and leave a monotone relation a rank correlation tests.
+A channel's folded innovations are still a function of that channel alone, so an independent pair stays
+independent under them.
 """
 
 from __future__ import annotations
@@ -18,8 +24,10 @@ from ..estimate.estimator import Estimator
 from ..estimate.evidence import change_point, evidence, pair_tables
 from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeEvent
+from .settings import FOLDS
 
-__all__ = ["ONSET_SPAN", "innovation_tests", "newest_rows", "onsets", "short_estimates", "window_onsets"]
+__all__ = ["FOLDS", "ONSET_SPAN", "innovation_estimates", "innovation_tests", "newest_rows", "onsets",
+           "short_estimates", "window_onsets"]  # fmt: skip
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
 
@@ -67,35 +75,80 @@ def short_estimates(
     return mi, ne, u.reshape(2, len(pairs), m), pos
 
 
+def _folded(levels: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Innovations e (R, m) folded at their rows' level medians: sign(level - median) x e."""
+    return np.sign(levels - np.median(levels, axis=1, keepdims=True)) * e
+
+
+def innovation_estimates(
+    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """On the innovations of pairs' (P, 2) newest m rows (:func:`newest_rows`): the MI and effective size (P,) of x's
+    and y's, and the folds' z-scores (P, 2), for (x folded, y) and (x, y folded): the rank correlation times the
+    square root of the pair's effective size, near standard normal for independent channels. A fold leaves a
+    monotone relation (y's innovations rise with x's folded ones), which a correlation tests without the network.
+    NaN where a pair has fewer such rows."""
+    xy, _, enough = newest_rows(window, fresh, pairs, m)
+    levels, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
+    at = at.reshape(-1)
+    e = prewhiten(levels)
+    ranks = rank_transform(np.ascontiguousarray(np.concatenate([e, _folded(levels, e)])), est.ties)  # (2R, m)
+    r, n = len(levels), len(pairs)
+    x, y = at[:n], at[n:]
+    mi = est.estimate_ranks(ranks, x, y)
+    acf = autocorrelation(ranks)
+    ne = pair_n_eff(acf[x], acf[y], m)
+    z = ranks - ranks.mean(axis=1, keepdims=True)
+    z /= np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    left, right = np.concatenate([x + r, x]), np.concatenate([y, y + r])  # (2P,): x folded with y, x with y folded
+    corr = np.einsum("pt,pt->p", z[left], z[right])
+    fold_z = np.abs(corr) * np.sqrt(pair_n_eff(acf[left], acf[right], m))
+    mi[~enough] = np.nan
+    fold_z = fold_z.reshape(2, n).T
+    fold_z[~enough] = np.nan
+    return mi, ne, fold_z
+
+
 def innovation_tests(
     est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, lengths: tuple[int, ...],
-    threshold: Callable[[int, np.ndarray], np.ndarray],
-) -> np.ndarray:  # fmt: skip
-    """The shortest of ``lengths`` (P,) at which each pair's innovations on its newest rows are above
-    ``threshold(length, n_eff)``, or 0: tried shortest first, a pair seen at one length is not tried at the next."""
+    threshold: Callable[[int, np.ndarray], np.ndarray], fold_z: Callable[[int], float],
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The shortest of ``lengths`` (P,) at which each pair's innovations on its newest rows show dependence, or 0,
+    and which entry of ``FOLDS`` showed it (P,): the MI of the plain innovations above ``threshold(length, n_eff)``,
+    or a fold's z-score above ``fold_z(length)`` (:func:`innovation_estimates`). Tried shortest first; a pair seen
+    at one length is not tried at the next. Each bar is for its own comparison (a rate shared is the caller's)."""
     seen = np.zeros(len(pairs), dtype=np.int64)
+    which = np.zeros(len(pairs), dtype=np.int64)
     for m in lengths:
         todo = np.flatnonzero(seen == 0)
         if not len(todo):
             break
-        mi, ne, _, _ = short_estimates(est, window, fresh, pairs[todo], m, innovations=True)
+        mi, ne, fz = innovation_estimates(est, window, fresh, pairs[todo], m)
         with np.errstate(invalid="ignore"):
-            seen[todo[mi > threshold(m, ne)]] = m
-    return seen
+            above = np.column_stack([mi > threshold(m, ne), fz > fold_z(m)])  # (T, 3), as FOLDS
+        hit = above.any(axis=1)
+        seen[todo[hit]] = m
+        which[todo[hit]] = np.argmax(above[hit], axis=1)
+    return seen, which
 
 
 def onsets(
-    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, innovations: np.ndarray, m: int
+    est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, shown_by: np.ndarray, m: int
 ) -> np.ndarray:
     """Window positions (P,) where each new dependence of pairs (P, 2) began: the change point of the evidence
-    over their newest ``ONSET_SPAN`` rows under the table of the newest m (of the levels, or of the innovations
-    where ``innovations`` (P,) says only they showed it). The span reaches back before the short window, which
-    a smooth pair's change has often left by the time it is seen."""
+    over their newest ``ONSET_SPAN`` rows under the table of the newest m, of what showed it (``shown_by`` (P,):
+    -1 the levels, else the entry of ``FOLDS``, innovations folded at the newest m rows' medians). The span reaches
+    back before the short window, which a smooth pair's change has often left by the time it is seen."""
     span = min(window.shape[1], max(m, ONSET_SPAN))
     xy, pos, _ = newest_rows(window, fresh, pairs, span)
-    white = np.concatenate([innovations, innovations])
+    white = np.concatenate([shown_by >= 0, shown_by >= 0])
     if white.any():
+        levels = xy.copy()
         xy[white] = prewhiten(xy[white])
+        fold = np.concatenate([shown_by == 1, shown_by == 2])  # x rows, then y rows
+        if fold.any():  # folded at the medians of the newest m rows, as the test that showed it
+            lv = levels[fold]
+            xy[fold] *= np.sign(lv - np.median(lv[:, -m:], axis=1, keepdims=True))
     u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, span)
     p = np.arange(len(pairs))
     # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)

@@ -6,7 +6,7 @@ import numpy as np
 from scipy.signal import lfilter
 
 from streamcorr.engine.settings import innovation_lengths
-from streamcorr.engine.short_windows import innovation_tests, short_estimates
+from streamcorr.engine.short_windows import FOLDS, innovation_estimates, innovation_tests, short_estimates
 from streamcorr.estimate.estimator import Estimator
 
 
@@ -39,8 +39,11 @@ def test_a_strong_coupling_is_seen_on_the_shortest_window_and_independent_pairs_
         tried.append((m, len(n_eff)))
         return np.full(len(n_eff), 0.3)  # nats: far above independent pairs' innovations at these lengths
 
-    seen = innovation_tests(est, window, fresh, pairs, (128, 256, 512), threshold)
-    assert seen[0] == 128 and (seen[1:] == 0).all()
+    def fold_z(m: int) -> float:
+        return 5.3  # the folds' bar at a rate near 1e-7
+
+    seen, shown_by = innovation_tests(est, window, fresh, pairs, (128, 256, 512), threshold, fold_z)
+    assert seen[0] == 128 and (seen[1:] == 0).all() and shown_by[0] == FOLDS.index("innovations")
     assert tried == [(128, k), (256, k - 1), (512, k - 1)]  # the coupled pair is not tried again
     mi, n_eff, _, _ = short_estimates(est, window, fresh, pairs, 128, innovations=True)
     assert mi[0] > 0.3 > np.max(mi[1:])
@@ -64,3 +67,29 @@ def test_short_estimates_match_each_pair_computed_on_its_own() -> None:
         assert np.array_equal(u[:, q], own)
         alone = est.estimate_ranks(own, np.array([0]), np.array([1]))[0]
         assert abs(mi[q] - alone) < 1e-5  # float32 network: a batch of one runs eager, six the compiled package
+
+
+def test_a_fold_shows_on_folded_innovations_and_independent_pairs_stay_null_under_folding() -> None:
+    """y = x^2 and y = -|x| on smooth x: y's innovations follow x's with the sign of x, so x's innovations folded at
+    its median correlate strongly with y's; on independent smooth pairs the
+    folds' z-scores stay near standard normal (a fold is a function of one channel)."""
+    rng = np.random.default_rng(533)
+    n, m, k = 1024, 256, 60
+    x = np.stack([_smooth(rng, n, tau) for tau in rng.uniform(8.0, 30.0, k)])
+    y = np.stack([_smooth(rng, n, tau) for tau in rng.uniform(8.0, 30.0, k)])
+    x /= x.std(axis=1, keepdims=True)
+    y[0] = x[0] ** 2 + 0.3 * y[0] / y[0].std()
+    y[1] = -np.abs(x[1]) + 0.3 * y[1] / y[1].std()
+    window = np.concatenate([x, y])
+    fresh = np.ones_like(window, dtype=bool)
+    pairs = np.stack([np.arange(k), np.arange(k) + k], axis=1)
+    est = Estimator()
+    _, n_eff, fold_z = innovation_estimates(est, window, fresh, pairs, m)
+    assert (fold_z[:2, 0] > 8.0).all()  # x folded against y: far beyond any false-alarm rate the engine uses
+    null = fold_z[2:]
+    # |N(0, 1)| over 116 draws: mean 0.80, none above 4 (the test's seed; P(any > 4) about 0.7%)
+    assert 0.6 < null.mean() < 1.0 and null.max() < 4.0
+    assert (n_eff > 0.6 * m).all()
+    # the same pairs with their channels swapped are seen on the other fold, with the same correlation
+    _, _, swapped = innovation_estimates(est, window, fresh, pairs[:2, ::-1], m)
+    assert np.allclose(swapped[:, 1], fold_z[:2, 0])
