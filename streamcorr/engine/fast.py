@@ -270,10 +270,12 @@ class FastPath:
         for length in np.unique(m).tolist():
             sel = np.flatnonzero(m == length)
             ps = pairs[[ks[q] for q in sel]]
-            after, ne_after, _, _ = short_estimates(self.est, window, fresh, ps, length, innovations=True)
+            watched = [self.watch.refs.get(keys[ks[q]]) for q in sel]  # folded as watched (engine.innovation_watch)
+            fold_at = np.array([[np.nan, np.nan] if w is None else w.fold_at for w in watched]).T.reshape(-1)
+            after, ne_after, _, _ = short_estimates(self.est, window, fresh, ps, length, True, fold_at=fold_at)
             at = np.full(len(sel), n) - since[sel]  # window position of each onset
             span = min(INNOVATIONS_BEFORE, n - length)
-            was, ne_was, _, _ = short_estimates(self.est, window, fresh, ps, span, innovations=True, before=at)
+            was, ne_was, _, _ = short_estimates(self.est, window, fresh, ps, span, True, at, fold_at)
             with np.errstate(invalid="ignore"):
                 gone = after < self.nulls(length).independent_below(ne_after)
                 showed = was > self.nulls(span).dependent_above(ne_was, 0.01)

@@ -5,7 +5,9 @@ seconds after a decoupling. Its innovations (each channel's residuals of an AR f
 applied to every new sample with the same coefficients) are nearly independent from one sample to the next.
 Where they showed the dependence (their table's mean score at least ``min_reference`` nats), a second CUSUM on
 their scores, with the same drift rule and run length between false alarms, alarms within a second or two. New
-innovations are ranked among the reference window's (its sorted innovations are kept).
+innovations are ranked among the reference window's (its sorted innovations are kept). Of the comparisons in
+``settings.FOLDS`` (plain, or one channel's innovations folded at its level's median over the reference window:
+a fold such as x^2 shows only so), each pair is watched on the one whose table scores highest.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ Key = tuple[str, str]
 class _Watched:
     coef: np.ndarray  # (2, order) AR coefficients of x and y over the reference window
     mean: np.ndarray  # (2,) their means there
-    ordered: np.ndarray  # (2, N) the reference window's innovations, sorted
+    fold_at: np.ndarray  # (2,) the level each channel's innovations are folded at (its median there); NaN: not folded
+    ordered: np.ndarray  # (2, N) the reference window's innovations (folded as watched), sorted
     theta: np.ndarray  # (G, G) float32: the innovations' table
     log_z: float
     allowance: float  # nats per sample: a quarter of the mean score
@@ -51,25 +54,35 @@ class InnovationWatch:
     def make(self, keys: list[Key], xy: np.ndarray, end_tick: int) -> None:
         """References of pairs keys (P) from their window's values xy (2P, N): x rows, then y rows, every row a
         new sample of both channels. Pairs whose innovations show too little dependence get none."""
-        p, n = np.arange(len(keys)), xy.shape[1]
+        n, k = xy.shape[1], len(keys)
         coef, fitted = ar_fit(xy)
         mean = xy.mean(axis=1)
         e = ar_residuals(xy - mean[:, None], coef)  # (2P, N)
-        u = rank_transform(np.ascontiguousarray(e), self.est.ties)
-        theta, log_z, hist = pair_tables(self.est, u, p, p + len(keys))
+        med = np.median(xy, axis=1)
+        folded = np.sign(xy - med[:, None]) * e
+        u = rank_transform(np.ascontiguousarray(np.concatenate([e, folded])), self.est.ties)  # (4P, N)
+        p = np.arange(k)
+        left = np.concatenate([p, p + 2 * k, p])  # as settings.FOLDS: plain, x folded, y folded
+        right = np.concatenate([p + k, p + k, p + 3 * k])
+        theta, log_z, hist = pair_tables(self.est, u, left, right)
         m, var = window_moments(theta, log_z, hist)
+        best = np.argmax(m.reshape(3, k), axis=0)  # (P,)
+        pick = best * k + p
+        lx, ry = left[pick], right[pick]
         acf = autocorrelation(u)
-        share = np.maximum(pair_n_eff(acf[p], acf[p + len(keys)], n), 2.0) / n
-        ordered = np.sort(e, axis=1)
+        share = np.maximum(pair_n_eff(acf[lx], acf[ry], n), 2.0) / n
+        ordered = np.sort(np.concatenate([e, folded]), axis=1)
         for q, key in enumerate(keys):
-            if m[q] < self.min_reference or not (fitted[q] and fitted[q + len(keys)]):
+            c = pick[q]
+            if m[c] < self.min_reference or not (fitted[q] and fitted[q + k]):
                 self.refs.pop(key, None)
                 continue
-            drift = float(m[q]) / 4.0
-            h = self.threshold(drift, max(float(var[q]) / float(share[q]), 1e-6))
-            rows = [q, q + len(keys)]
-            self.refs[key] = _Watched(coef[rows], mean[rows], ordered[rows], theta[q], float(log_z[q]), drift, h,
-                                      end_tick, 0.0, end_tick)  # fmt: skip
+            drift = float(m[c]) / 4.0
+            h = self.threshold(drift, max(float(var[c]) / float(share[q]), 1e-6))
+            rows = [q, q + k]
+            fold_at = np.array([med[q] if best[q] == 1 else np.nan, med[q + k] if best[q] == 2 else np.nan])
+            self.refs[key] = _Watched(coef[rows], mean[rows], fold_at, ordered[[lx[q], ry[q]]], theta[c],
+                                      float(log_z[c]), drift, h, end_tick, 0.0, end_tick)  # fmt: skip
 
     def score(self, keys: list[Key], pairs: np.ndarray, window: np.ndarray, end_tick: int) -> list[int]:
         """Run the CUSUMs of pairs keys (P) (channel indices pairs (P, 2) into window (C, N)) over their samples
@@ -91,9 +104,12 @@ class InnovationWatch:
             coef = np.concatenate([[w.coef[0] for w in ws], [w.coef[1] for w in ws]])  # (2G, order)
             mean = np.concatenate([[w.mean[0] for w in ws], [w.mean[1] for w in ws]])
             e = ar_residuals(window[rows, n - new - order :] - mean[:, None], coef)[:, order:].reshape(2, len(qs), new)
-            u = np.empty((2, len(qs), new))  # new innovations, ranked among the reference window's
+            level = window[rows, n - new :].reshape(2, len(qs), new)
+            u = np.empty((2, len(qs), new))  # new innovations, folded as watched, ranked among the reference window's
             for g, w in enumerate(ws):
                 for side in (0, 1):
+                    if np.isfinite(w.fold_at[side]):
+                        e[side, g] *= np.sign(level[side, g] - w.fold_at[side])
                     u[side, g] = np.searchsorted(w.ordered[side], e[side, g]) / w.ordered.shape[1]
             scores = evidence(np.stack([w.theta for w in ws]), np.array([w.log_z for w in ws]), u[0], u[1])
             inc = np.array([w.allowance for w in ws])[:, None] - scores  # (G, new)

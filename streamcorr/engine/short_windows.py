@@ -55,16 +55,21 @@ def newest_rows(
 
 def short_estimates(
     est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False,
-    before: np.ndarray | None = None,
+    before: np.ndarray | None = None, fold_at: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """MI and effective size (P,) of pairs (P, 2) on their newest m rows (:func:`newest_rows`), ranked anew; also the
     ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
-    ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit)."""
+    ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit); ``fold_at`` (2P,):
+    the level at which each row's innovations (x rows, then y rows) are folded (NaN: not folded)."""
     xy, pos, enough = newest_rows(window, fresh, pairs, m, before)
     rows, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
     at = at.reshape(-1)
     if innovations:
         rows = prewhiten(rows)
+    if fold_at is not None and np.isfinite(fold_at).any():  # a channel may be folded in one pair and not another
+        rows, at = rows[at], np.arange(len(at))
+        fold = np.isfinite(fold_at)
+        rows[fold] *= np.sign(xy[fold] - fold_at[fold, None])
     ranks = rank_transform(np.ascontiguousarray(rows), est.ties)
     u = ranks[at]  # (2P, m)
     p = np.arange(len(pairs))

@@ -62,3 +62,10 @@ def test_mqtt_burst_daemon_quick(tmp_path, mqtt_broker):
     assert data["subscriber"] == "daemon" and run["published"] == 4008
     assert run["ledger_ok"] and run["source_messages"] + run["source_seq_gaps"] == run["published"]
     assert run["mosquitto_sub"] > 0 and run["source_messages"] > 0
+
+
+def test_fold_tail_quick():
+    """bench.fold_tail --quick scores independent pairs' folded innovations and prints the engine's bars."""
+    out = subprocess.run([sys.executable, "-m", "bench.fold_tail", "--quick"], check=True, capture_output=True,
+                         text=True, timeout=300).stdout  # fmt: skip
+    assert "| normal, two-sided |" in out and "| 512 | 396 |" in out

@@ -56,3 +56,22 @@ def test_a_pair_whose_innovations_show_no_dependence_is_not_watched() -> None:
     watch = InnovationWatch(Estimator(), lambda d, v: cusum_threshold(d, v, arl), MIN_REFERENCE, PERIOD_NS)
     watch.make([("x", "y")], np.stack([_smooth(rng, WINDOW), _smooth(rng, WINDOW)]), WINDOW * PERIOD_NS)
     assert watch.refs == {}
+
+
+def test_a_fold_is_watched_on_the_folded_innovations_and_alarms_soon_after_it_decouples() -> None:
+    """y = x^2 + noise on smooth x: the watch takes x's innovations folded at x's median (their table scores
+    highest), stays quiet for 3 minutes while the pair holds and alarms within 1.5 s once y is replaced."""
+    rng = np.random.default_rng(613)
+    arl = ARL_PAIR_HOURS * 3600e9 / PERIOD_NS
+    watch = InnovationWatch(Estimator(), lambda d, v: cusum_threshold(d, v, arl), MIN_REFERENCE, PERIOD_NS)
+    n = WINDOW + 180 * 100
+    x = _smooth(rng, n)
+    y = x**2 + 0.3 * _smooth(rng, n)
+    assert _run(watch, x, y) == []
+    fold_at = watch.refs[("x", "y")].fold_at
+    assert np.isfinite(fold_at[0]) and np.isnan(fold_at[1])
+    assert abs(fold_at[0] - np.median(x[:WINDOW])) < 1e-12
+    cut = WINDOW + 2000
+    y[cut:] = _smooth(rng, n - cut)
+    alarms = _run(watch, x, y)
+    assert alarms and cut < alarms[0] <= cut + 150 + HOP, alarms
