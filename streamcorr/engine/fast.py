@@ -413,7 +413,6 @@ class FastPath:
             seen_on[todo], shown_by[todo] = innovation_tests(self.est, window, fresh, pairs[rows[todo]],
                                                              self.innovation_lengths, self._innovation_threshold,
                                                              self._fold_z)  # fmt: skip
-            shown_by[seen_on == 0] = -1
         by_innovation = seen_on > 0
         self.counts["innovation_alarms"] += int(by_innovation.sum())
         above |= by_innovation

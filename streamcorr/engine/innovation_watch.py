@@ -21,6 +21,7 @@ from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import evidence, pair_tables, window_moments
 from ..estimate.significance import ar_fit, ar_residuals, autocorrelation, pair_n_eff
+from .short_windows import folded
 
 __all__ = ["InnovationWatch"]
 
@@ -59,8 +60,8 @@ class InnovationWatch:
         mean = xy.mean(axis=1)
         e = ar_residuals(xy - mean[:, None], coef)  # (2P, N)
         med = np.median(xy, axis=1)
-        folded = np.sign(xy - med[:, None]) * e
-        u = rank_transform(np.ascontiguousarray(np.concatenate([e, folded])), self.est.ties)  # (4P, N)
+        rows = np.concatenate([e, folded(e, xy, med)])  # (4P, N): innovations, then folded
+        u = rank_transform(np.ascontiguousarray(rows), self.est.ties)
         p = np.arange(k)
         left = np.concatenate([p, p + 2 * k, p])  # as settings.FOLDS: plain, x folded, y folded
         right = np.concatenate([p + k, p + k, p + 3 * k])
@@ -71,7 +72,7 @@ class InnovationWatch:
         lx, ry = left[pick], right[pick]
         acf = autocorrelation(u)
         share = np.maximum(pair_n_eff(acf[lx], acf[ry], n), 2.0) / n
-        ordered = np.sort(np.concatenate([e, folded]), axis=1)
+        ordered = np.sort(rows, axis=1)
         for q, key in enumerate(keys):
             c = pick[q]
             if m[c] < self.min_reference or not (fitted[q] and fitted[q + k]):
@@ -79,9 +80,9 @@ class InnovationWatch:
                 continue
             drift = float(m[c]) / 4.0
             h = self.threshold(drift, max(float(var[c]) / float(share[q]), 1e-6))
-            rows = [q, q + k]
+            own = [q, q + k]
             fold_at = np.array([med[q] if best[q] == 1 else np.nan, med[q + k] if best[q] == 2 else np.nan])
-            self.refs[key] = _Watched(coef[rows], mean[rows], fold_at, ordered[[lx[q], ry[q]]], theta[c],
+            self.refs[key] = _Watched(coef[own], mean[own], fold_at, ordered[[lx[q], ry[q]]], theta[c],
                                       float(log_z[c]), drift, h, end_tick, 0.0, end_tick)  # fmt: skip
 
     def score(self, keys: list[Key], pairs: np.ndarray, window: np.ndarray, end_tick: int) -> list[int]:
@@ -109,7 +110,7 @@ class InnovationWatch:
             for g, w in enumerate(ws):
                 for side in (0, 1):
                     if np.isfinite(w.fold_at[side]):
-                        e[side, g] *= np.sign(level[side, g] - w.fold_at[side])
+                        e[side, g] *= np.sign(level[side, g] - w.fold_at[side])  # as short_windows.folded
                     u[side, g] = np.searchsorted(w.ordered[side], e[side, g]) / w.ordered.shape[1]
             scores = evidence(np.stack([w.theta for w in ws]), np.array([w.log_z for w in ws]), u[0], u[1])
             inc = np.array([w.allowance for w in ws])[:, None] - scores  # (G, new)

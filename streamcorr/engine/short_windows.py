@@ -26,7 +26,7 @@ from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeEvent
 from .settings import FOLDS
 
-__all__ = ["FOLDS", "ONSET_SPAN", "innovation_estimates", "innovation_tests", "newest_rows", "onsets",
+__all__ = ["FOLDS", "ONSET_SPAN", "folded", "innovation_estimates", "innovation_tests", "newest_rows", "onsets",
            "short_estimates", "window_onsets"]  # fmt: skip
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
@@ -69,7 +69,7 @@ def short_estimates(
     if fold_at is not None and np.isfinite(fold_at).any():  # a channel may be folded in one pair and not another
         rows, at = rows[at], np.arange(len(at))
         fold = np.isfinite(fold_at)
-        rows[fold] *= np.sign(xy[fold] - fold_at[fold, None])
+        rows[fold] = folded(rows[fold], xy[fold], fold_at[fold])
     ranks = rank_transform(np.ascontiguousarray(rows), est.ties)
     u = ranks[at]  # (2P, m)
     p = np.arange(len(pairs))
@@ -80,9 +80,9 @@ def short_estimates(
     return mi, ne, u.reshape(2, len(pairs), m), pos
 
 
-def _folded(levels: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Innovations e (R, m) folded at their rows' level medians: sign(level - median) x e."""
-    return np.sign(levels - np.median(levels, axis=1, keepdims=True)) * e
+def folded(e: np.ndarray, levels: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Innovations e (R, m) folded at the levels at (R,): sign(level - at) x e."""
+    return np.sign(levels - at[:, None]) * e
 
 
 def innovation_estimates(
@@ -97,7 +97,8 @@ def innovation_estimates(
     levels, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
     at = at.reshape(-1)
     e = prewhiten(levels)
-    ranks = rank_transform(np.ascontiguousarray(np.concatenate([e, _folded(levels, e)])), est.ties)  # (2R, m)
+    rows = np.concatenate([e, folded(e, levels, np.median(levels, axis=1))])
+    ranks = rank_transform(np.ascontiguousarray(rows), est.ties)  # (2R, m): innovations, then folded
     r, n = len(levels), len(pairs)
     x, y = at[:n], at[n:]
     mi = est.estimate_ranks(ranks, x, y)
@@ -119,11 +120,12 @@ def innovation_tests(
     threshold: Callable[[int, np.ndarray], np.ndarray], fold_z: Callable[[int], float],
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The shortest of ``lengths`` (P,) at which each pair's innovations on its newest rows show dependence, or 0,
-    and which entry of ``FOLDS`` showed it (P,): the MI of the plain innovations above ``threshold(length, n_eff)``,
-    or a fold's z-score above ``fold_z(length)`` (:func:`innovation_estimates`). Tried shortest first; a pair seen
-    at one length is not tried at the next. Each bar is for its own comparison (a rate shared is the caller's)."""
+    and which entry of ``FOLDS`` showed it (P,; -1: none): the MI of the plain innovations above
+    ``threshold(length, n_eff)``, or a fold's z-score above ``fold_z(length)`` (:func:`innovation_estimates`).
+    Tried shortest first; a pair seen at one length is not tried at the next. Each bar is for its own comparison
+    (a rate shared is the caller's)."""
     seen = np.zeros(len(pairs), dtype=np.int64)
-    which = np.zeros(len(pairs), dtype=np.int64)
+    which = np.full(len(pairs), -1, dtype=np.int64)
     for m in lengths:
         todo = np.flatnonzero(seen == 0)
         if not len(todo):
@@ -153,7 +155,7 @@ def onsets(
         fold = np.concatenate([shown_by == 1, shown_by == 2])  # x rows, then y rows
         if fold.any():  # folded at the medians of the newest m rows, as the test that showed it
             lv = levels[fold]
-            xy[fold] *= np.sign(lv - np.median(lv[:, -m:], axis=1, keepdims=True))
+            xy[fold] = folded(xy[fold], lv, np.median(lv[:, -m:], axis=1))
     u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, span)
     p = np.arange(len(pairs))
     # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)
