@@ -2,10 +2,10 @@
 
     python -m bench.fold_tail [--windows 120] [--channels 40] [--seed 7] [--quick]
 
-A smooth pair's sentinel also correlates each channel's innovations, folded at its median, with the other's
-(:func:`streamcorr.engine.short_windows.innovation_estimates`); its z-score (the rank correlation times the square
-root of the pair's effective size) is judged against a normal tail. Here every pair of ``--channels`` independent
-channels from the null calibration's families (white, AR(1) with time constants of 1-1,000 samples, oscillating
+A smooth pair's sentinel also correlates each channel's innovations with the other's within each quartile of the
+channel's level (:func:`streamcorr.engine.short_windows.local_slopes`); the bins' correlations make a chi-square,
+read as the normal quantile of the same two-sided tail (a z-score), and judged against a normal tail. Here every
+pair of ``--channels`` independent channels from the null calibration's families (white, AR(1) with time constants of 1-1,000 samples, oscillating
 AR(2), moving averages, random walks; some with measurement noise or quantised) is scored on the newest 128, 256 and
 512 rows of a 1,024-sample window, ``--windows`` times. Reported per length: pairs scored, the share of
 z-scores above 3, 4, 4.5 and 5 beside the two-sided normal tail, the largest, and the bar the engine sets at the

@@ -13,12 +13,12 @@ the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance
 smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
 the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 64,
 128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
-below half the reference's level. A pair still above either gets a new reference (its relation changed shape, not
-vanished), as does one still undecided at 256 samples (a smooth pair whose short-window null is too wide to tell:
-the window path judges it). References are renewed once a window while the CUSUM rests at 0, as far as what is
-left of the hop's budget (``screening.hop_budget`` of the hop) allows, and live at most a tenth of the hop
-(``REFERENCE_SHARE``): a busy hop keeps the older tables, and a matrix that turns dependent all at once gets its
-references over several hops, each published on time.
+below half the reference's level, and a smooth pair's innovations there must show no dependence (``STILL_ALPHA``).
+A pair still above any gets a new reference (its relation changed shape, not vanished), as does one undecided at
+256 (a smooth pair whose short-window null is too wide to tell: the window path judges it). References are renewed
+once a window while the CUSUM rests at 0, within what is left of the hop's budget (``screening.hop_budget``) and
+at most a tenth of the hop (``REFERENCE_SHARE``): a busy hop keeps the older tables, and a matrix that turns
+dependent all at once gets its references over several hops, each published on time.
 
 **Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
 flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its newest
@@ -28,10 +28,10 @@ the null at that length and the pair's effective size, at the false-alarm rate t
 ``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
 independent samples (effective size below ``WHITE_FROM`` of its length), so the null of its levels is wide: its
 innovations (each row's residuals of an AR fit over its rows, what is new at each sample) are tested as well, plain
-(MI) and each channel's folded at its median (rank correlation: a fold, as x^2, flips the sign with which y's
-innovations follow x's; short_windows.FOLDS), on the newest half, once and twice ``sentinel_len`` rows (shortest
-first, within half the window: a strong relation shows within a second, a weak one needs more rows), sharing half
-the rate (the levels have the other half; ``settings.innovation_alpha`` splits it). One hop above is
+(MI) and each channel's folded by its level's quartiles (a relation that turns, as x^2, flips the sign with which
+y's innovations follow x's; short_windows.local_slopes), on the newest half, once and twice ``sentinel_len`` rows
+(shortest first, within half the window: a strong relation shows within a second, a weak one needs more rows),
+sharing half the rate (the levels have the other half; ``settings.innovation_alpha`` splits it). One hop above is
 enough: consecutive short windows overlap, so a second look costs half a second and adds little. The onset is the
 change point of the short window's evidence under its own table (of the levels, or of the innovations at the length
 that showed it), which also becomes the pair's first reference where the levels showed the change.
@@ -55,10 +55,10 @@ from ..estimate.estimator import Estimator
 from ..estimate.evidence import change_point, cusum_threshold, evidence, pair_tables, window_moments
 from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
-from .hop import Hop
+from .hop import Hop, PairNames
 from .innovation_watch import InnovationWatch
 from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE, innovation_alpha, innovation_lengths
-from .short_windows import innovation_tests, onsets, short_estimates
+from .short_windows import Fold, innovation_tests, onsets, short_estimates
 
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
@@ -69,16 +69,7 @@ PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
-
-
-class _PairNames:
-    """Names of pair k of pairs (P, 2), made when asked (most pairs of a large matrix are never looked at)."""
-
-    def __init__(self, names: list[str], pairs: np.ndarray) -> None:
-        self.names, self.pairs = names, pairs
-
-    def __getitem__(self, k: int | np.integer) -> tuple[str, str]:
-        return self.names[self.pairs[k, 0]], self.names[self.pairs[k, 1]]
+STILL_ALPHA = 0.01  # a smooth pair's decoupling waits while its innovations beat this rate's bar (any comparison)
 
 
 @dataclass
@@ -151,7 +142,7 @@ class FastPath:
             sentinel &= hop.flagged
         ranked = np.array([r is not None for r in ranks], dtype=bool)  # (C,)
         ok = ranked[pairs[:, 0]] & ranked[pairs[:, 1]]  # (P,)
-        keys = _PairNames(names, pairs)
+        keys = PairNames(names, pairs)
         index = {name: k for k, name in enumerate(names)}
         where = np.full((len(names), len(names)), -1, dtype=np.int64)  # (C, C) -> pair index
         where[pairs[:, 0], pairs[:, 1]] = np.arange(len(pairs))
@@ -185,7 +176,7 @@ class FastPath:
 
     # -- decoupling ---------------------------------------------------------------------------------------
     def _decouple(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
+        self, end_tick: int, keys: PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
         window: np.ndarray, fresh: np.ndarray, rows: np.ndarray,
     ) -> list[ChangeEvent]:  # fmt: skip
         n, period = self.window_len, self.period_ns
@@ -235,23 +226,28 @@ class FastPath:
             if not ks:
                 continue
             mi, ne, _, _ = short_estimates(self.est, window, fresh, pairs[ks], m)
-            for k, x, lo in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), strict=True):
+            # a smooth pair's levels hold few samples: its innovations must no longer show the relation either
+            smooth = [q for q, k in enumerate(ks) if self._refs[keys[k]].share < WHITE_FROM]
+            still = np.zeros(len(ks), dtype=bool)
+            if smooth and self.est.prewhiten != "ar":
+                still[smooth] = self._still_shown(window, fresh, pairs[[ks[q] for q in smooth]], m)
+            for k, x, lo, held in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), still):  # noqa: B905
                 ref = self._refs[keys[k]]
                 half = ref.allowance * 2.0  # half the reference's level
-                if x < lo and x < half:  # within the null, and well below what the pair showed
+                if x < lo and x < half and not held:  # within the null, and well below what the pair showed
                     ev = self.detector.fast_change(keys[k], "became-independent", x, end_tick, ref.zero_tick,
                                                    self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip
                     del self._refs[keys[k]]
                     if ev is not None:
                         self.counts["confirmed"] += 1
                         events.append(ev)
-                elif (x >= lo and x >= half) or m == longest:  # still dependent, or undecided at the
+                elif (x >= lo and x >= half) or held or m == longest:  # still dependent, or undecided at the
                     self.counts["rejected"] += 1  # longest: a new shape, or a smooth pair's null too wide to tell
                     del self._refs[keys[k]]
         return events
 
     def _confirm_by_innovations(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray, ks: list[int],
+        self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray, ks: list[int],
         zero: list[int],
     ) -> list[ChangeEvent]:  # fmt: skip
         """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
@@ -271,15 +267,16 @@ class FastPath:
             sel = np.flatnonzero(m == length)
             ps = pairs[[ks[q] for q in sel]]
             watched = [self.watch.refs.get(keys[ks[q]]) for q in sel]  # folded as watched (engine.innovation_watch)
-            fold_at = np.array([[np.nan, np.nan] if w is None else w.fold_at for w in watched]).T.reshape(-1)
-            after, ne_after, _, _ = short_estimates(self.est, window, fresh, ps, length, True, fold_at=fold_at)
+            fold = Fold.of_pairs([Fold.none(2) if w is None else w.fold for w in watched])
+            after, ne_after, _, _ = short_estimates(self.est, window, fresh, ps, length, True, fold=fold)
             at = np.full(len(sel), n) - since[sel]  # window position of each onset
             span = min(INNOVATIONS_BEFORE, n - length)
-            was, ne_was, _, _ = short_estimates(self.est, window, fresh, ps, span, True, at, fold_at)
+            was, ne_was, _, _ = short_estimates(self.est, window, fresh, ps, span, True, at, fold)
             with np.errstate(invalid="ignore"):
                 gone = after < self.nulls(length).independent_below(ne_after)
                 showed = was > self.nulls(span).dependent_above(ne_was, 0.01)
                 done = gone & showed & (after < was / 2.0)
+            done[done] &= ~self._still_shown(window, fresh, ps[done], length)  # a fold the watch did not take
             for q in np.flatnonzero(done).tolist():
                 key, onset = keys[ks[sel[q]]], zero[sel[q]]
                 self._refs.pop(key, None)
@@ -293,7 +290,7 @@ class FastPath:
         return events
 
     def _watch_innovations(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
+        self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
         rows: np.ndarray,
     ) -> list[ChangeEvent]:  # fmt: skip
         """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 64 samples or more
@@ -318,13 +315,20 @@ class FastPath:
                 self.counts["rejected"] += 1
         return events
 
+    def _still_shown(self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int) -> np.ndarray:
+        """Which pairs' (P, 2) innovations on their newest m rows still show dependence, on any comparison of
+        ``FOLDS`` (the folds' signs read anew: a relation's turns can move), each at ``STILL_ALPHA``."""
+        z = float(norm.isf(STILL_ALPHA / 2))
+        return innovation_tests(self.est, window, fresh, pairs, (m,), lambda k, ne: self.nulls(k).dependent_above(
+            ne, STILL_ALPHA, self.detector.min_effect), lambda k: z)[0] > 0  # fmt: skip
+
     def _hold_ns(self, end_tick: int, onset_tick: int) -> int:
         """From now until the window holds only samples after the onset."""
         return max(0, onset_tick + self.window_len * self.period_ns - end_tick)
 
     # -- references -----------------------------------------------------------------------------------
     def _refresh(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None], window: np.ndarray,
+        self, end_tick: int, keys: PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None], window: np.ndarray,
         fresh: np.ndarray, n_eff: np.ndarray, rows: np.ndarray, left_s: float,
     ) -> None:  # fmt: skip
         """New references for held pairs without one, and for those whose table is a window old while their CUSUM
@@ -380,7 +384,7 @@ class FastPath:
 
     # -- coupling -------------------------------------------------------------------------------------
     def _sentinel(
-        self, end_tick: int, keys: _PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
+        self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
         rows: np.ndarray, budget: int,
     ) -> list[ChangeEvent]:  # fmt: skip
         m, period, n = self.sentinel_len, self.period_ns, self.window_len

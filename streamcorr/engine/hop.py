@@ -9,7 +9,7 @@ import numpy as np
 
 from .intake import Channel, EngineCounters
 
-__all__ = ["Hop"]
+__all__ = ["Hop", "PairNames"]
 
 
 def _empty() -> np.ndarray:
@@ -58,3 +58,13 @@ class Hop:
 
     def lap(self, counters: EngineCounters, stage: str) -> None:
         self.t0 = counters.add_time(stage, self.t0)
+
+
+class PairNames:
+    """Names of pair k of pairs (P, 2), made when asked (most pairs of a large matrix are never looked at)."""
+
+    def __init__(self, names: list[str], pairs: np.ndarray) -> None:
+        self.names, self.pairs = names, pairs
+
+    def __getitem__(self, k: int | np.integer) -> tuple[str, str]:
+        return self.names[self.pairs[k, 0]], self.names[self.pairs[k, 1]]

@@ -6,8 +6,9 @@ applied to every new sample with the same coefficients) are nearly independent f
 Where they showed the dependence (their table's mean score at least ``min_reference`` nats), a second CUSUM on
 their scores, with the same drift rule and run length between false alarms, alarms within a second or two. New
 innovations are ranked among the reference window's (its sorted innovations are kept). Of the comparisons in
-``settings.FOLDS`` (plain, or one channel's innovations folded at its level's median over the reference window:
-a fold such as x^2 shows only so), each pair is watched on the one whose table scores highest.
+``settings.FOLDS`` (plain, or one channel's innovations folded by the local slope's sign in its level's quartiles
+over the reference window, :func:`streamcorr.engine.short_windows.local_slopes`: a relation that turns, such as
+x^2 or sin 2x, shows only so), each pair is watched on the one whose table scores highest.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import evidence, pair_tables, window_moments
 from ..estimate.significance import ar_fit, ar_residuals, autocorrelation, pair_n_eff
-from .short_windows import folded
+from .short_windows import Fold, folded, local_slopes
 
 __all__ = ["InnovationWatch"]
 
@@ -32,7 +33,7 @@ Key = tuple[str, str]
 class _Watched:
     coef: np.ndarray  # (2, order) AR coefficients of x and y over the reference window
     mean: np.ndarray  # (2,) their means there
-    fold_at: np.ndarray  # (2,) the level each channel's innovations are folded at (its median there); NaN: not folded
+    fold: Fold  # (2 rows: x, y) how each channel's innovations are folded (as over the reference window)
     ordered: np.ndarray  # (2, N) the reference window's innovations (folded as watched), sorted
     theta: np.ndarray  # (G, G) float32: the innovations' table
     log_z: float
@@ -59,10 +60,11 @@ class InnovationWatch:
         coef, fitted = ar_fit(xy)
         mean = xy.mean(axis=1)
         e = ar_residuals(xy - mean[:, None], coef)  # (2P, N)
-        med = np.median(xy, axis=1)
-        rows = np.concatenate([e, folded(e, xy, med)])  # (4P, N): innovations, then folded
-        u = rank_transform(np.ascontiguousarray(rows), self.est.ties)
         p = np.arange(k)
+        other = np.concatenate([p + k, p])
+        fold, _ = local_slopes(xy, e, e[other], np.ones(2 * k))  # (2P rows): each channel's bins against the other
+        rows = np.concatenate([e, folded(e, xy, fold)])  # (4P, N): innovations, then folded
+        u = rank_transform(np.ascontiguousarray(rows), self.est.ties)
         left = np.concatenate([p, p + 2 * k, p])  # as settings.FOLDS: plain, x folded, y folded
         right = np.concatenate([p + k, p + k, p + 3 * k])
         theta, log_z, hist = pair_tables(self.est, u, left, right)
@@ -73,6 +75,7 @@ class InnovationWatch:
         acf = autocorrelation(u)
         share = np.maximum(pair_n_eff(acf[lx], acf[ry], n), 2.0) / n
         ordered = np.sort(rows, axis=1)
+        plain = Fold.none(1)
         for q, key in enumerate(keys):
             c = pick[q]
             if m[c] < self.min_reference or not (fitted[q] and fitted[q + k]):
@@ -81,8 +84,10 @@ class InnovationWatch:
             drift = float(m[c]) / 4.0
             h = self.threshold(drift, max(float(var[c]) / float(share[q]), 1e-6))
             own = [q, q + k]
-            fold_at = np.array([med[q] if best[q] == 1 else np.nan, med[q + k] if best[q] == 2 else np.nan])
-            self.refs[key] = _Watched(coef[own], mean[own], fold_at, ordered[[lx[q], ry[q]]], theta[c],
+            sides = [Fold(fold.edges[[r]], fold.signs[[r]]) if best[q] == side + 1 else plain
+                     for side, r in enumerate(own)]  # fmt: skip
+            watched = Fold(np.concatenate([f.edges for f in sides]), np.concatenate([f.signs for f in sides]))
+            self.refs[key] = _Watched(coef[own], mean[own], watched, ordered[[lx[q], ry[q]]], theta[c],
                                       float(log_z[c]), drift, h, end_tick, 0.0, end_tick)  # fmt: skip
 
     def score(self, keys: list[Key], pairs: np.ndarray, window: np.ndarray, end_tick: int) -> list[int]:
@@ -106,11 +111,12 @@ class InnovationWatch:
             mean = np.concatenate([[w.mean[0] for w in ws], [w.mean[1] for w in ws]])
             e = ar_residuals(window[rows, n - new - order :] - mean[:, None], coef)[:, order:].reshape(2, len(qs), new)
             level = window[rows, n - new :].reshape(2, len(qs), new)
-            u = np.empty((2, len(qs), new))  # new innovations, folded as watched, ranked among the reference window's
+            edges = np.stack([w.fold.edges for w in ws], axis=1)  # (2, G, B - 1)
+            signs = np.stack([w.fold.signs for w in ws], axis=1)  # (2, G, B)
+            e *= np.take_along_axis(signs, (level[..., None] > edges[:, :, None, :]).sum(axis=3), axis=2)  # folded
+            u = np.empty((2, len(qs), new))  # new innovations ranked among the reference window's
             for g, w in enumerate(ws):
                 for side in (0, 1):
-                    if np.isfinite(w.fold_at[side]):
-                        e[side, g] *= np.sign(level[side, g] - w.fold_at[side])  # as short_windows.folded
                     u[side, g] = np.searchsorted(w.ordered[side], e[side, g]) / w.ordered.shape[1]
             scores = evidence(np.stack([w.theta for w in ws]), np.array([w.log_z for w in ws]), u[0], u[1])
             inc = np.array([w.allowance for w in ws])[:, None] - scores  # (G, new)

@@ -181,7 +181,7 @@ def sentinel_len(cfg: EngineConfig) -> int:
 
 
 # what a smooth pair's innovation test compares (engine.short_windows): x's and y's innovations, then each with the
-# other's folded at its median
+# other's folded by its local slope's signs in its level's quartiles
 FOLDS = ("innovations", "x folded", "y folded")
 
 

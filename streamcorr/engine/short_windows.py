@@ -5,19 +5,23 @@ A short window is a pair's newest m rows of the hop's window where at least one 
 by their innovations (residuals of an AR fit over those rows, :func:`streamcorr.estimate.significance.prewhiten`):
 what is new at each sample, nearly one effective sample per row where the levels hold a few dozen in a few hundred.
 
-A relation that folds (y = x^2, |x|) moves y's innovations with x's, with a sign that flips where x crosses the fold:
-the innovations alone then show little. Each channel's innovations *folded* at its median, sign(x - median) times
-its innovations, undo that for a fold near the median, and leave a monotone relation a rank correlation tests.
-A channel's folded innovations are still a function of that channel alone, so an independent pair stays
-independent under them.
+A relation that turns (y = x^2, |x|, sin 2x) moves y's innovations with x's, with a sign (the local slope's) that
+flips where x crosses a turn: the innovations alone then show little. Within a narrow range of x's level the sign
+holds, so x's level is cut at its quartiles (``FOLD_BINS`` bins) and the innovations are correlated within each: the
+bins' correlations together (a chi-square with one degree per bin) test for a slope of any sign pattern, and each
+bin's sign *folds* x's innovations (multiplies them by it), which leaves a monotone relation. A fold depends on the
+other channel only through its signs, fixed before it is applied; on independent channels the bins' correlations
+are noise, so the test holds its rate (bench.fold_tail measures its tail).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
+from scipy.stats import chi2, norm
 
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
@@ -26,10 +30,59 @@ from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeEvent
 from .settings import FOLDS
 
-__all__ = ["FOLDS", "ONSET_SPAN", "folded", "innovation_estimates", "innovation_tests", "newest_rows", "onsets",
-           "short_estimates", "window_onsets"]  # fmt: skip
+__all__ = ["FOLDS", "FOLD_BINS", "ONSET_SPAN", "Fold", "folded", "innovation_estimates", "innovation_tests",
+           "local_slopes", "newest_rows", "onsets", "short_estimates", "window_onsets"]  # fmt: skip
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
+FOLD_BINS = 4  # ranges of a channel's level a fold sets a sign in: its quartiles hold a turn of x^2 or sin 2x each
+MIN_BIN = 8  # rows a bin needs for its correlation to count (a quantised level can leave a bin nearly empty)
+
+
+class Fold(NamedTuple):
+    """How rows (R) of innovations are folded: the levels between bins (R, FOLD_BINS - 1) and each bin's sign
+    (R, FOLD_BINS). All signs +1: not folded."""
+
+    edges: np.ndarray
+    signs: np.ndarray
+
+    @classmethod
+    def none(cls, rows: int) -> Fold:
+        return cls(np.zeros((rows, FOLD_BINS - 1)), np.ones((rows, FOLD_BINS)))
+
+    @classmethod
+    def of_pairs(cls, folds: list[Fold]) -> Fold:
+        """The fold of 2P rows (x rows, then y rows) from P pairs' folds of 2 rows (x, y) each."""
+        p = len(folds)
+        return cls(*(np.stack([f[i] for f in folds], axis=1).reshape(2 * p, -1) for i in (0, 1)))
+
+
+def folded(e: np.ndarray, levels: np.ndarray, fold: Fold) -> np.ndarray:
+    """Innovations e (R, m) folded by the bins of their levels (R, m): each times its bin's sign."""
+    bins = (levels[:, :, None] > fold.edges[:, None, :]).sum(axis=2)  # (R, m)
+    return np.take_along_axis(fold.signs, bins, axis=1) * e
+
+
+def local_slopes(levels: np.ndarray, a: np.ndarray, b: np.ndarray, share: np.ndarray) -> tuple[Fold, np.ndarray]:
+    """The fold of innovations a (R, m) (of channels at levels (R, m)) that follows b (R, m) most closely: bins at
+    the level's quartiles, each with the sign of a's correlation with b there; and its z-score (R,), the chi-square
+    of the bins' correlations (each squared times its rows times ``share``, effective samples per row) mapped to
+    the normal quantile of the same two-sided tail, so that it reads as |N(0, 1)| on independent channels."""
+    edges = np.quantile(levels, np.arange(1, FOLD_BINS) / FOLD_BINS, axis=1).T  # (R, B - 1)
+    bins = (levels[:, :, None] > edges[:, None, :]).sum(axis=2)  # (R, m)
+    r = np.zeros((len(a), FOLD_BINS))
+    count = np.zeros((len(a), FOLD_BINS))
+    for k in range(FOLD_BINS):
+        w = bins == k
+        count[:, k] = w.sum(axis=1)
+        n_k = np.maximum(count[:, k], 1.0)[:, None]
+        da = np.where(w, a - (a * w).sum(axis=1, keepdims=True) / n_k, 0.0)
+        db = np.where(w, b - (b * w).sum(axis=1, keepdims=True) / n_k, 0.0)
+        den = np.sqrt((da * da).sum(axis=1) * (db * db).sum(axis=1))
+        r[:, k] = np.where(den > 1e-12, (da * db).sum(axis=1) / np.maximum(den, 1e-12), 0.0)
+    r[count < MIN_BIN] = 0.0
+    q = (r * r * count).sum(axis=1) * share
+    z = norm.isf(chi2.sf(q, FOLD_BINS) / 2.0)
+    return Fold(edges, np.where(r < 0.0, -1.0, 1.0)), z
 
 
 def newest_rows(
@@ -55,21 +108,19 @@ def newest_rows(
 
 def short_estimates(
     est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, innovations: bool = False,
-    before: np.ndarray | None = None, fold_at: np.ndarray | None = None,
+    before: np.ndarray | None = None, fold: Fold | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """MI and effective size (P,) of pairs (P, 2) on their newest m rows (:func:`newest_rows`), ranked anew; also the
     ranks (2, P, m) and the rows' positions in the window (P, m). NaN where a pair has fewer such rows. With
-    ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit); ``fold_at`` (2P,):
-    the level at which each row's innovations (x rows, then y rows) are folded (NaN: not folded)."""
+    ``innovations``, each row is first replaced by its innovations over those m rows (an AR fit); ``fold`` (2P rows:
+    x rows, then y rows): how each row's innovations are folded."""
     xy, pos, enough = newest_rows(window, fresh, pairs, m, before)
     rows, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
     at = at.reshape(-1)
     if innovations:
         rows = prewhiten(rows)
-    if fold_at is not None and np.isfinite(fold_at).any():  # a channel may be folded in one pair and not another
-        rows, at = rows[at], np.arange(len(at))
-        fold = np.isfinite(fold_at)
-        rows[fold] = folded(rows[fold], xy[fold], fold_at[fold])
+    if fold is not None and (fold.signs < 0).any():  # a channel may be folded in one pair and not another
+        rows, at = folded(rows[at], xy, fold), np.arange(len(at))
     ranks = rank_transform(np.ascontiguousarray(rows), est.ties)
     u = ranks[at]  # (2P, m)
     p = np.arange(len(pairs))
@@ -80,35 +131,24 @@ def short_estimates(
     return mi, ne, u.reshape(2, len(pairs), m), pos
 
 
-def folded(e: np.ndarray, levels: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Innovations e (R, m) folded at the levels at (R,): sign(level - at) x e."""
-    return np.sign(levels - at[:, None]) * e
-
-
 def innovation_estimates(
     est: Estimator, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """On the innovations of pairs' (P, 2) newest m rows (:func:`newest_rows`): the MI and effective size (P,) of x's
-    and y's, and the folds' z-scores (P, 2), for (x folded, y) and (x, y folded): the rank correlation times the
-    square root of the pair's effective size, near standard normal for independent channels. A fold leaves a
-    monotone relation (y's innovations rise with x's folded ones), which a correlation tests without the network.
-    NaN where a pair has fewer such rows."""
+    and y's, and the folds' z-scores (P, 2), of x's bins against y and of y's bins against x
+    (:func:`local_slopes`, without the network). NaN where a pair has fewer such rows."""
     xy, _, enough = newest_rows(window, fresh, pairs, m)
     levels, at = np.unique(xy, axis=0, return_inverse=True)  # a channel's rows recur in each of its pairs: once each
     at = at.reshape(-1)
-    e = prewhiten(levels)
-    rows = np.concatenate([e, folded(e, levels, np.median(levels, axis=1))])
-    ranks = rank_transform(np.ascontiguousarray(rows), est.ties)  # (2R, m): innovations, then folded
-    r, n = len(levels), len(pairs)
+    ranks = rank_transform(np.ascontiguousarray(prewhiten(levels)), est.ties)  # (R, m)
+    n = len(pairs)
     x, y = at[:n], at[n:]
     mi = est.estimate_ranks(ranks, x, y)
     acf = autocorrelation(ranks)
     ne = pair_n_eff(acf[x], acf[y], m)
-    z = ranks - ranks.mean(axis=1, keepdims=True)
-    z /= np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
-    left, right = np.concatenate([x + r, x]), np.concatenate([y, y + r])  # (2P,): x folded with y, x with y folded
-    corr = np.einsum("pt,pt->p", z[left], z[right])
-    fold_z = np.abs(corr) * np.sqrt(pair_n_eff(acf[left], acf[right], m))
+    # (2P,): x's bins against y's innovations, then y's bins against x's
+    own, other = np.concatenate([x, y]), np.concatenate([y, x])
+    _, fold_z = local_slopes(levels[own], ranks[own], ranks[other], np.tile(ne, 2) / m)
     mi[~enough] = np.nan
     fold_z = fold_z.reshape(2, n).T
     fold_z[~enough] = np.nan
@@ -144,7 +184,7 @@ def onsets(
 ) -> np.ndarray:
     """Window positions (P,) where each new dependence of pairs (P, 2) began: the change point of the evidence
     over their newest ``ONSET_SPAN`` rows under the table of the newest m, of what showed it (``shown_by`` (P,):
-    -1 the levels, else the entry of ``FOLDS``, innovations folded at the newest m rows' medians). The span reaches
+    -1 the levels, else the entry of ``FOLDS``, innovations folded as the newest m rows show). The span reaches
     back before the short window, which a smooth pair's change has often left by the time it is seen."""
     span = min(window.shape[1], max(m, ONSET_SPAN))
     xy, pos, _ = newest_rows(window, fresh, pairs, span)
@@ -152,10 +192,13 @@ def onsets(
     if white.any():
         levels = xy.copy()
         xy[white] = prewhiten(xy[white])
-        fold = np.concatenate([shown_by == 1, shown_by == 2])  # x rows, then y rows
-        if fold.any():  # folded at the medians of the newest m rows, as the test that showed it
-            lv = levels[fold]
-            xy[fold] = folded(xy[fold], lv, np.median(lv[:, -m:], axis=1))
+        n = len(pairs)
+        own = np.concatenate([np.flatnonzero(shown_by == 1), np.flatnonzero(shown_by == 2) + n])  # rows folded
+        if len(own):  # by the signs of the newest m rows, as in the test that showed it
+            other = np.where(own < n, own + n, own - n)
+            r = rank_transform(np.ascontiguousarray(xy[np.concatenate([own, other]), -m:]), est.ties)
+            fold, _ = local_slopes(levels[own, -m:], r[: len(own)], r[len(own) :], np.ones(len(own)))
+            xy[own] = folded(xy[own], levels[own], fold)
     u = rank_transform(np.ascontiguousarray(xy), est.ties)  # (2P, span)
     p = np.arange(len(pairs))
     # the table from the newest m rows ranked among themselves (the network takes a sample of the copula)

@@ -59,8 +59,9 @@ def test_a_pair_whose_innovations_show_no_dependence_is_not_watched() -> None:
 
 
 def test_a_fold_is_watched_on_the_folded_innovations_and_alarms_soon_after_it_decouples() -> None:
-    """y = x^2 + noise on smooth x: the watch takes x's innovations folded at x's median (their table scores
-    highest), stays quiet for 3 minutes while the pair holds and alarms within 1.5 s once y is replaced."""
+    """y = x^2 + noise on smooth x: the watch takes x's innovations folded by x's quartiles with the local slope's
+    signs (-, -, +, +; their table scores highest), stays quiet for 3 minutes while the pair holds and alarms within
+    1.5 s once y is replaced."""
     rng = np.random.default_rng(613)
     arl = ARL_PAIR_HOURS * 3600e9 / PERIOD_NS
     watch = InnovationWatch(Estimator(), lambda d, v: cusum_threshold(d, v, arl), MIN_REFERENCE, PERIOD_NS)
@@ -68,10 +69,31 @@ def test_a_fold_is_watched_on_the_folded_innovations_and_alarms_soon_after_it_de
     x = _smooth(rng, n)
     y = x**2 + 0.3 * _smooth(rng, n)
     assert _run(watch, x, y) == []
-    fold_at = watch.refs[("x", "y")].fold_at
-    assert np.isfinite(fold_at[0]) and np.isnan(fold_at[1])
-    assert abs(fold_at[0] - np.median(x[:WINDOW])) < 1e-12
+    fold = watch.refs[("x", "y")].fold
+    assert fold.signs.tolist() == [[-1, -1, 1, 1], [1, 1, 1, 1]]
+    assert np.allclose(fold.edges[0], np.quantile(x[:WINDOW], [0.25, 0.5, 0.75]))
     cut = WINDOW + 2000
     y[cut:] = _smooth(rng, n - cut)
     alarms = _run(watch, x, y)
     assert alarms and cut < alarms[0] <= cut + 150 + HOP, alarms
+
+
+def test_a_relation_with_two_turns_is_watched_on_its_fold_and_alarms_soon_after_it_decouples() -> None:
+    """y = sin(2x) + noise on smooth x turns twice (at x = +-0.79): the fold read from a pair's first window takes
+    the signs -, +, +, - over x's quartiles in most pairs (a window that saw little of x's range reads the slopes
+    of what it saw, and such a pair can alarm later: the fast path confirms an alarm before any event); once y is
+    replaced, an alarm follows within 1.5 s."""
+    rng = np.random.default_rng(614)
+    arl = ARL_PAIR_HOURS * 3600e9 / PERIOD_NS
+    n = WINDOW + 60 * 100
+    signs = []
+    for _ in range(6):
+        watch = InnovationWatch(Estimator(), lambda d, v: cusum_threshold(d, v, arl), MIN_REFERENCE, PERIOD_NS)
+        x = _smooth(rng, n)
+        y = np.sin(2.0 * x) + 0.3 * _smooth(rng, n)
+        cut = WINDOW + 2000
+        y[cut:] = _smooth(rng, n - cut)
+        alarms = [a for a in _run(watch, x, y) if a > cut]
+        assert alarms and alarms[0] <= cut + 150 + HOP, alarms
+        signs.append(watch.refs[("x", "y")].fold.signs[0].tolist())
+    assert signs.count([-1, 1, 1, -1]) >= 4, signs
