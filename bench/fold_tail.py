@@ -5,11 +5,11 @@
 A smooth pair's sentinel also correlates each channel's innovations with the other's within each quartile of the
 channel's level (:func:`streamcorr.engine.short_windows.local_slopes`); the bins' correlations make a chi-square,
 read as the normal quantile of the same two-sided tail (a z-score), and judged against a normal tail. Here every
-pair of ``--channels`` independent channels from the null calibration's families (white, AR(1) with time constants of 1-1,000 samples, oscillating
-AR(2), moving averages, random walks; some with measurement noise or quantised) is scored on the newest 128, 256 and
-512 rows of a 1,024-sample window, ``--windows`` times. Reported per length: pairs scored, the share of
-z-scores above 3, 4, 4.5 and 5 beside the two-sided normal tail, the largest, and the bar the engine sets at the
-reaction bench's size (16 channels at 100 Hz, window 1024, hop 50) and at 256 channels.
+pair of ``--channels`` independent channels from the null calibration's families (white, AR(1) with time constants
+of 1-1,000 samples, oscillating AR(2), moving averages, random walks; some with measurement noise or quantised) is
+scored on the newest 128, 256 and 512 rows of a 1,024-sample window, ``--windows`` times. Reported per length:
+pairs scored, the share of z-scores above 3, 4, 4.5 and 5 beside the two-sided normal tail, the largest, and the
+bar the engine sets at the reaction bench's size (16 channels at 100 Hz, window 1024, hop 50) and at 256 channels.
 Results go to bench/results/fold_tail.json and .md.
 """
 
