@@ -110,10 +110,10 @@ class InnovationWatch:
             coef = np.concatenate([[w.coef[0] for w in ws], [w.coef[1] for w in ws]])  # (2G, order)
             mean = np.concatenate([[w.mean[0] for w in ws], [w.mean[1] for w in ws]])
             e = ar_residuals(window[rows, n - new - order :] - mean[:, None], coef)[:, order:].reshape(2, len(qs), new)
-            level = window[rows, n - new :].reshape(2, len(qs), new)
+            prior = window[rows, n - new - 1 : n - 1].reshape(2, len(qs), new)  # the level before each sample
             edges = np.stack([w.fold.edges for w in ws], axis=1)  # (2, G, B - 1)
             signs = np.stack([w.fold.signs for w in ws], axis=1)  # (2, G, B)
-            e *= np.take_along_axis(signs, (level[..., None] > edges[:, :, None, :]).sum(axis=3), axis=2)  # folded
+            e *= np.take_along_axis(signs, (prior[..., None] > edges[:, :, None, :]).sum(axis=3), axis=2)  # folded
             u = np.empty((2, len(qs), new))  # new innovations ranked among the reference window's
             for g, w in enumerate(ws):
                 for side in (0, 1):

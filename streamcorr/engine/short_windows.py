@@ -7,11 +7,12 @@ what is new at each sample, nearly one effective sample per row where the levels
 
 A relation that turns (y = x^2, |x|, sin 2x) moves y's innovations with x's, with a sign (the local slope's) that
 flips where x crosses a turn: the innovations alone then show little. Within a narrow range of x's level the sign
-holds, so x's level is cut at its quartiles (``FOLD_BINS`` bins) and the innovations are correlated within each: the
-bins' correlations together (a chi-square with one degree per bin) test for a slope of any sign pattern, and each
-bin's sign *folds* x's innovations (multiplies them by it), which leaves a monotone relation. A fold depends on the
-other channel only through its signs, fixed before it is applied; on independent channels the bins' correlations
-are noise, so the test holds its rate (bench.fold_tail measures its tail).
+holds, so x's level (the one before each sample) is cut at its quartiles (``FOLD_BINS`` bins) and the innovations
+are correlated within each: the bins' correlations together (a chi-square with one degree per bin) test for a
+slope of any sign pattern, and each bin's sign *folds* x's innovations (multiplies them by it), which leaves a
+monotone relation. A fold depends on the other channel only through its signs, fixed before it is applied; on
+independent channels the bins' correlations are noise, so the test holds its rate (bench.fold_tail measures its
+tail).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
 from .changes import ChangeEvent
 from .settings import FOLDS
 
-__all__ = ["FOLDS", "FOLD_BINS", "ONSET_SPAN", "Fold", "folded", "innovation_estimates", "innovation_tests",
-           "local_slopes", "newest_rows", "onsets", "short_estimates", "window_onsets"]  # fmt: skip
+__all__ = ["FOLDS", "FOLD_BINS", "ONSET_SPAN", "Fold", "fold_bins", "folded", "innovation_estimates",
+           "innovation_tests", "local_slopes", "newest_rows", "onsets", "short_estimates", "window_onsets"]  # fmt: skip
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over
 FOLD_BINS = 4  # ranges of a channel's level a fold sets a sign in: its quartiles hold a turn of x^2 or sin 2x each
@@ -56,10 +57,17 @@ class Fold(NamedTuple):
         return cls(*(np.stack([f[i] for f in folds], axis=1).reshape(2 * p, -1) for i in (0, 1)))
 
 
+def fold_bins(levels: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The bin (R, m) of each row's innovation, by the level before it (levels (R, m); the first row's own): an
+    innovation is independent of the past, so on an independent pair it stays noise within every bin (binned by
+    its own level, it would follow the level, and through it any slow trend the other channel shares)."""
+    prior = np.concatenate([levels[:, :1], levels[:, :-1]], axis=1)
+    return (prior[:, :, None] > edges[:, None, :]).sum(axis=2)
+
+
 def folded(e: np.ndarray, levels: np.ndarray, fold: Fold) -> np.ndarray:
-    """Innovations e (R, m) folded by the bins of their levels (R, m): each times its bin's sign."""
-    bins = (levels[:, :, None] > fold.edges[:, None, :]).sum(axis=2)  # (R, m)
-    return np.take_along_axis(fold.signs, bins, axis=1) * e
+    """Innovations e (R, m) folded by the bins of their levels (R, m, :func:`fold_bins`): each times its bin's sign."""
+    return np.take_along_axis(fold.signs, fold_bins(levels, fold.edges), axis=1) * e
 
 
 def local_slopes(levels: np.ndarray, a: np.ndarray, b: np.ndarray, share: np.ndarray) -> tuple[Fold, np.ndarray]:
@@ -68,7 +76,7 @@ def local_slopes(levels: np.ndarray, a: np.ndarray, b: np.ndarray, share: np.nda
     of the bins' correlations (each squared times its rows times ``share``, effective samples per row) mapped to
     the normal quantile of the same two-sided tail, so that it reads as |N(0, 1)| on independent channels."""
     edges = np.quantile(levels, np.arange(1, FOLD_BINS) / FOLD_BINS, axis=1).T  # (R, B - 1)
-    bins = (levels[:, :, None] > edges[:, None, :]).sum(axis=2)  # (R, m)
+    bins = fold_bins(levels, edges)  # (R, m)
     r = np.zeros((len(a), FOLD_BINS))
     count = np.zeros((len(a), FOLD_BINS))
     for k in range(FOLD_BINS):
