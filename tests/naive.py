@@ -138,3 +138,17 @@ def merge_batches(batches: list) -> list:
         order.setdefault(b.channel, []).append(b)
     return [Batch(name, np.concatenate([g.t_s for g in group]), np.concatenate([g.values for g in group]))
             for name, group in order.items()]  # fmt: skip
+
+
+def local_slope_correlations(levels: np.ndarray, a: np.ndarray, b: np.ndarray, bins: int) -> list[tuple[int, float]]:
+    """Rows and correlation of a with b within each quartile bin of the level before each sample (the first
+    sample's own), one bin at a time, by selecting the rows."""
+    prior = np.concatenate([levels[:1], levels[:-1]])
+    edges = np.quantile(levels, np.arange(1, bins) / bins)
+    which = np.array([sum(p > e for e in edges) for p in prior])
+    out = []
+    for k in range(bins):
+        sel = which == k
+        r = float(np.corrcoef(a[sel], b[sel])[0, 1]) if sel.sum() > 1 and a[sel].std() > 0 and b[sel].std() > 0 else 0.0
+        out.append((int(sel.sum()), r))
+    return out

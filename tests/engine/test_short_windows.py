@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 from scipy.signal import lfilter
+from scipy.stats import chi2, norm
 
 from streamcorr.engine.settings import innovation_lengths
-from streamcorr.engine.short_windows import FOLDS, innovation_estimates, innovation_tests, short_estimates
+from streamcorr.engine.short_windows import (
+    FOLD_BINS,
+    FOLDS,
+    MIN_BIN,
+    innovation_estimates,
+    innovation_tests,
+    local_slopes,
+    short_estimates,
+)
 from streamcorr.estimate.estimator import Estimator
+from tests import naive
 
 
 def _smooth(rng: np.random.Generator, n: int, tau: float) -> np.ndarray:
@@ -94,3 +104,24 @@ def test_a_fold_shows_on_folded_innovations_and_independent_pairs_stay_null_unde
     # the same pairs with their channels swapped are seen on the other fold, with the same correlation
     _, _, swapped = innovation_estimates(est, window, fresh, pairs[:3, ::-1], m)
     assert np.allclose(swapped[:, 1], fold_z[:3, 0])
+
+
+def test_local_slopes_match_a_bin_by_bin_reference() -> None:
+    """The vectorised fold (edges, signs, z-score) matches correlations taken bin by bin, on smooth, quantised and
+    white rows; a bin with fewer than MIN_BIN rows counts as no correlation."""
+    rng = np.random.default_rng(534)
+    m = 200
+    levels = np.stack([_smooth(rng, m, 10.0), np.round(_smooth(rng, m, 20.0)), rng.standard_normal(m)])
+    a, b = rng.standard_normal((3, m)), rng.standard_normal((3, m))
+    b[0] += 0.8 * np.sign(levels[0] - np.median(levels[0])) * a[0]
+    share = np.array([1.0, 0.8, 0.5])
+    fold, z = local_slopes(levels, a, b, share)
+    for row in range(3):
+        ref = naive.local_slope_correlations(levels[row], a[row], b[row], FOLD_BINS)
+        assert np.allclose(fold.edges[row], np.quantile(levels[row], [0.25, 0.5, 0.75]))
+        q = sum(n * r * r for n, r in ref if n >= MIN_BIN) * share[row]
+        assert abs(z[row] - norm.isf(chi2.sf(q, FOLD_BINS) / 2)) < 1e-9
+        for k, (n, r) in enumerate(ref):
+            if n >= MIN_BIN and abs(r) > 1e-9:
+                assert fold.signs[row, k] == np.sign(r)
+    assert z[0] > 5.0 and fold.signs[0].tolist() == [-1, -1, 1, 1]
