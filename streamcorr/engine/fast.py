@@ -69,7 +69,7 @@ PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
-STILL_ALPHA = 0.01  # a smooth pair's decoupling waits while its innovations beat this rate's bar (any comparison)
+STILL_ALPHA = 0.01  # a smooth pair's decoupling waits while its innovations beat this bar (any of FOLDS, signs anew)
 
 
 @dataclass
@@ -316,8 +316,7 @@ class FastPath:
         return events
 
     def _still_shown(self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int) -> np.ndarray:
-        """Which pairs' (P, 2) innovations on their newest m rows still show dependence, on any comparison of
-        ``FOLDS`` (the folds' signs read anew: a relation's turns can move), each at ``STILL_ALPHA``."""
+        """Pairs (P, 2) whose innovations on their newest m rows still show dependence at ``STILL_ALPHA``."""
         z = float(norm.isf(STILL_ALPHA / 2))
         return innovation_tests(self.est, window, fresh, pairs, (m,), lambda k, ne: self.nulls(k).dependent_above(
             ne, STILL_ALPHA, self.detector.min_effect), lambda k: z)[0] > 0  # fmt: skip
