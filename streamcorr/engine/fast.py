@@ -11,8 +11,8 @@ as in the reference (out of sample the evidence stays above m / 2 on the pairs m
 up once the evidence falls to zero or below. S > h raises an alarm, with h from the Brownian approximation of
 the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance (its variance x T / n_eff:
 smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
-the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 64,
-128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
+the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 48,
+64, 128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
 below half the reference's level, and a smooth pair's innovations there must show no dependence (``STILL_ALPHA``).
 A pair still above any gets a new reference (its relation changed shape, not vanished), as does one undecided at
 256 (a smooth pair whose short-window null is too wide to tell: the window path judges it). References are renewed
@@ -63,8 +63,8 @@ from .short_windows import Fold, innovation_tests, onsets, short_estimates
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
 ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
-CONFIRM_LENGTHS = (256, 128, 64)  # samples since the onset the network confirms a decoupling on (longest that fit)
-CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
+CONFIRM_LENGTHS = (256, 128, 64, 48)  # samples since the onset a decoupling is confirmed on (longest that fit)
+CONFIRM_N_EFF = 40  # effective samples a confirmation needs, where the longest length holds them
 PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
@@ -251,7 +251,7 @@ class FastPath:
         zero: list[int],
     ) -> list[ChangeEvent]:  # fmt: skip
         """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
-        samples: the innovations over the samples since the onset (the newest 64 or 128) within the null of
+        samples: the innovations over the samples since the onset (the newest 48, 64 or 128) within the null of
         independent pairs at their effective size and below half their level over the ``INNOVATIONS_BEFORE``
         samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
         not confirmed wait for their levels. ``zero`` (per pair of ks): the onset tick, from either CUSUM."""
@@ -293,8 +293,8 @@ class FastPath:
         self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
         rows: np.ndarray,
     ) -> list[ChangeEvent]:  # fmt: skip
-        """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 64 samples or more
-        since its onset is confirmed on the innovations; one still unconfirmed at 128 starts again from 0."""
+        """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 48 samples or more
+        since its onset is confirmed on the innovations; one still unconfirmed at 96 starts again from 0."""
         ks = [int(k) for k in rows if keys[k] in self.watch.refs]
         if not ks:
             return []
