@@ -37,7 +37,7 @@ def engine_bars(channels: int) -> dict[int, float]:
     names = [f"c{k:03d}" for k in range(channels)]
     eng = Engine(EngineConfig(channels=names, rate_hz=100.0, window_len=WINDOW, hop_samples=50, fast=True))
     assert eng.fast is not None
-    return {m: eng.fast._fold_z(m) for m in eng.fast.innovation_lengths}
+    return {m: eng.fast.sentinel.fold_z(m) for m in eng.fast.sentinel.innovation_lengths}
 
 
 def main(argv: list[str] | None = None) -> int:

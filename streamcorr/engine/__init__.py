@@ -4,7 +4,9 @@
 ``scheduler`` chooses the pairs a hop estimates; ``screen`` is the cheap all-pairs statistic; ``matrix`` is the
 published MI matrix; ``changes`` detects changes against each pair's null; ``settings`` turns the configuration
 into the engine's; ``core`` runs the hop (align -> rank -> select, with the screen -> estimate -> judge ->
-publish) over one ``hop`` record. Only ``core`` touches the event loop; the rest is synchronous.
+publish) over one ``hop`` record; ``fast`` reports changes within seconds beside it (decouplings by a CUSUM on
+per-sample evidence, couplings by ``sentinel`` on short windows). Only ``core`` touches the event loop; the rest is
+synchronous.
 """
 
 from __future__ import annotations

@@ -20,21 +20,7 @@ once a window while the CUSUM rests at 0, within what is left of the hop's budge
 at most a tenth of the hop (``REFERENCE_SHARE``): a busy hop keeps the older tables, and a matrix that turns
 dependent all at once gets its references over several hops, each published on time.
 
-**Coupling** (pairs the detector holds independent, among the hop's network pairs; with the screen on, those it
-flagged; at most a tenth of the hop's network pairs, or 128, stalest first). A sentinel estimates each on its newest
-``sentinel_len`` rows (rows both channels repeat left out, as in the window's estimate; a pair where one channel
-repeats rows the other does not, a slower channel on this clock, is left to the window) in one network pass, against
-the null at that length and the pair's effective size, at the false-alarm rate the engine gives it (half of
-``changes.false_alarms_per_hour``; the window path has the other half). A smooth pair's short window holds few
-independent samples (effective size below ``WHITE_FROM`` of its length), so the null of its levels is wide: its
-innovations (each row's residuals of an AR fit over its rows, what is new at each sample) are tested as well, plain
-(MI) and each channel's folded by its level's quartiles (a relation that turns, as x^2, flips the sign with which
-y's innovations follow x's; short_windows.local_slopes), on the newest half, once and twice ``sentinel_len`` rows
-(shortest first, within half the window: a strong relation shows within a second, a weak one needs more rows),
-sharing half the rate (the levels have the other half; ``settings.innovation_alpha`` splits it). One hop above is
-enough: consecutive short windows overlap, so a second look costs half a second and adds little. The onset is the
-change point of the short window's evidence under its own table (of the levels, or of the innovations at the length
-that showed it), which also becomes the pair's first reference where the levels showed the change.
+**Coupling** (pairs the detector holds independent): a short-window sentinel, :mod:`streamcorr.engine.sentinel`.
 
 A confirmed change flips the detector at once (``ChangeDetector.fast_change``, an event with ``path="fast"``)
 and holds the window's verdicts on the pair until its window holds only samples after the onset.
@@ -52,13 +38,14 @@ from scipy.stats import norm
 
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
-from ..estimate.evidence import change_point, cusum_threshold, evidence, pair_tables, window_moments
+from ..estimate.evidence import cusum_threshold, evidence, pair_tables, window_moments
 from ..estimate.significance import WHITE_FROM, NullTable
 from .changes import ChangeDetector, ChangeEvent
 from .hop import Hop, PairNames
 from .innovation_watch import InnovationWatch
-from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE, innovation_alpha, innovation_lengths
-from .short_windows import Fold, innovation_tests, onsets, short_estimates
+from .sentinel import Sentinel
+from .settings import SENTINEL_MIN_PAIRS, SENTINEL_SHARE
+from .short_windows import Fold, innovation_tests, short_estimates
 
 __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
@@ -105,13 +92,9 @@ class FastPath:
         self.est, self.detector, self.nulls = est, detector, nulls
         self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
         self.sentinel_len = min(sentinel_len, window_len)
-        self.innovation_lengths = innovation_lengths(self.sentinel_len, window_len)
         self.persist = persist
-        self.alpha = 1e-3  # the sentinel's false-alarm rate per pair and hop; the engine sets it from its budget
         self.arl_samples = arl_pair_hours * 3600e9 / period_ns
         self._refs: dict[tuple[str, str], _Reference] = {}
-        self._streak: dict[tuple[str, str], int] = {}
-        self._tested: dict[tuple[str, str], int] = {}  # end tick of each pair's latest sentinel test
         self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
         self.watch = InnovationWatch(est, lambda d, v: cusum_threshold(d, v, self.arl_samples), MIN_REFERENCE,
                                      period_ns)  # fmt: skip
@@ -120,13 +103,25 @@ class FastPath:
         kinds = ("alarms", "confirmed", "rejected", "sentinel_pairs", "references", "innovation_alarms",
                  "innovation_confirmed", "innovation_cusum_alarms")  # fmt: skip
         self.counts = dict.fromkeys(kinds, 0)
+        self.sentinel = Sentinel(est, detector, nulls, self.counts, self._set_reference, window_len=window_len,
+                                 period_ns=period_ns, hop_samples=hop_samples, sentinel_len=self.sentinel_len,
+                                 persist=persist)  # fmt: skip
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
         rank_transform(np.zeros((2, 4)), est.ties)
 
+    @property
+    def alpha(self) -> float:
+        """The sentinel's false-alarm rate per pair and hop; the engine sets it from its budget."""
+        return self.sentinel.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self.sentinel.alpha = value
+
     def forget(self, channels: set[str]) -> None:
         """Drop the state of pairs with a retired channel."""
-        for state in (self._refs, self._streak, self._tested, self._long_run_var, self.watch.refs):
+        for state in (self._refs, self.sentinel.streak, self.sentinel.tested, self._long_run_var, self.watch.refs):
             for pair in [p for p in state if p[0] in channels or p[1] in channels]:
                 del state[pair]
 
@@ -162,17 +157,8 @@ class FastPath:
             left_s = min(left_s, REFERENCE_SHARE * self.hop_samples * self.period_ns / 1e9)  # over hops, each on time
         self._refresh(end_tick, keys, pairs, ranks, window, fresh, n_eff, held, left_s)
         budget = max(SENTINEL_MIN_PAIRS, math.ceil(SENTINEL_SHARE * int(np.isfinite(n_eff).sum())))
-        events += self._sentinel(end_tick, keys, pairs, window, fresh, watched, budget)
+        events += self.sentinel.test(end_tick, keys, pairs, window, fresh, watched, budget)
         return events
-
-    def _innovation_alpha(self, m: int) -> float:  # each comparison's rate (settings.innovation_alpha)
-        return innovation_alpha(self.alpha, m, self.innovation_lengths, self.hop_samples, self.sentinel_len)
-
-    def _innovation_threshold(self, m: int, ne: np.ndarray) -> np.ndarray:
-        return self.nulls(m).dependent_above(ne, self._innovation_alpha(m), self.detector.min_effect)
-
-    def _fold_z(self, m: int) -> float:
-        return float(norm.isf(self._innovation_alpha(m) / 2))  # two-sided: a fold may open up or down
 
     # -- decoupling ---------------------------------------------------------------------------------------
     def _decouple(
@@ -380,81 +366,3 @@ class FastPath:
         h = cusum_threshold(drift, lrv, self.arl_samples)
         self._refs[key] = _Reference(theta, log_z, drift, h, end_tick, end_tick, share, 0.0, end_tick)
         self.counts["references"] += 1
-
-    # -- coupling -------------------------------------------------------------------------------------
-    def _sentinel(
-        self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
-        rows: np.ndarray, budget: int,
-    ) -> list[ChangeEvent]:  # fmt: skip
-        m, period, n = self.sentinel_len, self.period_ns, self.window_len
-        # a channel that holds samples the other does not (a slower channel on this clock) makes near-copy rows
-        # beside a smooth one: such pairs are judged on their own nulls, by the window path
-        odd = (fresh[pairs[rows, 0], -m:] != fresh[pairs[rows, 1], -m:]).mean(axis=1)
-        rows = rows[odd <= 0.02]
-        if len(rows) > budget:  # the stalest first, so each pair's turn comes round
-            rows = rows[np.argsort([self._tested.get(keys[k], 0) for k in rows], kind="stable")[:budget]]
-        for key in set(self._streak) - {keys[k] for k in rows}:
-            del self._streak[key]
-        if len(rows) == 0:
-            return []
-        for k in rows:
-            self._tested[keys[k]] = end_tick
-        self.counts["sentinel_pairs"] += len(rows)
-        mi, ne, u, pos = short_estimates(self.est, window, fresh, pairs[rows], m)
-        null = self.nulls(m)
-        # a smooth pair's short window holds few independent samples, so its levels' null is wide; its innovations
-        # (what is new at each sample) hold nearly m. Both are tested, each at half the rate.
-        is_smooth = ne < WHITE_FROM * m if self.est.prewhiten != "ar" else np.zeros(len(rows), dtype=bool)
-        smooth = np.flatnonzero(is_smooth)
-        with np.errstate(invalid="ignore"):
-            above = mi > np.where(is_smooth, null.dependent_above(ne, self.alpha / 2, self.detector.min_effect),
-                                  null.dependent_above(ne, self.alpha, self.detector.min_effect))  # fmt: skip
-        seen_on = np.zeros(len(rows), dtype=np.int64)  # the innovations' short window that showed it (0: none)
-        shown_by = np.full(len(rows), -1, dtype=np.int64)  # -1: the levels, else the entry of FOLDS
-        if len(smooth):
-            todo = np.flatnonzero(is_smooth & ~above)
-            seen_on[todo], shown_by[todo] = innovation_tests(self.est, window, fresh, pairs[rows[todo]],
-                                                             self.innovation_lengths, self._innovation_threshold,
-                                                             self._fold_z)  # fmt: skip
-        by_innovation = seen_on > 0
-        self.counts["innovation_alarms"] += int(by_innovation.sum())
-        above |= by_innovation
-        fire = []
-        for q, k in enumerate(rows.tolist()):
-            if above[q]:
-                self._streak[keys[k]] = self._streak.get(keys[k], 0) + 1
-                if self._streak[keys[k]] >= self.persist:
-                    fire.append(q)
-            else:
-                self._streak.pop(keys[k], None)
-        if not fire:
-            return []
-        uf = np.concatenate([u[0, fire], u[1, fire]])  # (2F, m)
-        p = np.arange(len(fire))
-        theta, log_z, _ = pair_tables(self.est, uf, p, p + len(fire))
-        e = evidence(theta, log_z, uf[p], uf[p + len(fire)])  # (F, m)
-        at = change_point(e, rising=True)
-        begun = pos[fire, at]  # white pairs: the short window holds the change; smooth ones are often seen later
-        far = np.flatnonzero(is_smooth[fire])
-        lengths = np.where(by_innovation[fire], seen_on[fire], m)
-        for length in np.unique(lengths[far]):  # each pair's onset under the table of the short window that showed it
-            at_len = far[lengths[far] == length]
-            begun[at_len] = onsets(self.est, window, fresh, pairs[rows[fire][at_len]], shown_by[fire][at_len],
-                                   int(length))  # fmt: skip
-        events = []
-        for f, q in enumerate(fire):
-            key = keys[rows[q]]
-            self._streak.pop(key, None)
-            onset = int(end_tick - (n - 1 - begun[f]) * period)
-            ev = self.detector.fast_change(key, "became-dependent", float(mi[q]), end_tick, onset,
-                                           self._hold_ns(end_tick, onset))  # fmt: skip
-            if ev is None:
-                continue
-            events.append(ev)
-            after = e[f, at[f] :]
-            # the short window's table, on the samples after the onset, is the first reference (where levels showed it)
-            if len(after) >= 16 and not by_innovation[q]:
-                share = max(float(ne[q]), 2.0) / m  # independent samples per sample
-                self._set_reference(key, theta[f], float(log_z[f]), float(after.mean()),
-                                    float(after.var()) / share, share, end_tick)  # fmt: skip
-        return events

@@ -167,7 +167,8 @@ def fast_path_cost(cfg: EngineConfig, n_pairs: int | None) -> str:
     most = SENTINEL_MIN_PAIRS
     if n_pairs is not None:
         most = min(n_pairs, max(SENTINEL_MIN_PAIRS, round(SENTINEL_SHARE * n_pairs)))
-    return (f"fast path on: per hop, one network pass over the newest {sentinel_len(cfg)} samples of up to {most:,} "
+    levels = " and ".join(map(str, levels_lengths(sentinel_len(cfg))))
+    return (f"fast path on: per hop, network passes over the newest {levels} samples of up to {most:,} "
             f"pairs held independent (or {SENTINEL_SHARE:.0%} of the hop's network pairs; smooth ones also on their "
             f"innovations over {', '.join(map(str, innovation_lengths(sentinel_len(cfg), cfg.window_len)))} "
             "samples), a table lookup per new "
@@ -192,12 +193,28 @@ def innovation_lengths(sentinel_len: int, window_len: int) -> tuple[int, ...]:
     return tuple(k for k in (m // 2, m, 2 * m) if 32 <= k <= max(m, window_len // 2))
 
 
+def levels_lengths(sentinel_len: int) -> tuple[int, ...]:
+    """Rows the sentinel tests a pair's levels on: the newest half of its short window (64 or more), then all of it:
+    a strong relation shows on the half, a weak one needs the whole."""
+    return tuple(k for k in (sentinel_len // 2, sentinel_len) if k >= 64)
+
+
+def _looks(m: int, hop_samples: int, sentinel_len: int) -> float:
+    # independent looks an hour at m rows against those at the short window (a shorter window has more)
+    return max(hop_samples, m / 2) / max(hop_samples, sentinel_len / 2)
+
+
+def levels_alpha(alpha: float, m: int, lengths: tuple[int, ...], hop_samples: int, sentinel_len: int) -> float:
+    """False-alarm rate of the sentinel's test of a pair's levels on m rows, from its ``alpha``: shared by the
+    lengths (:func:`levels_lengths`), each scaled by its independent looks an hour."""
+    return alpha / len(lengths) * _looks(m, hop_samples, sentinel_len)
+
+
 def innovation_alpha(alpha: float, m: int, lengths: tuple[int, ...], hop_samples: int, sentinel_len: int) -> float:
     """False-alarm rate of each comparison of a smooth pair's innovations on m rows, from the sentinel's ``alpha``:
-    half of it, shared by the lengths, each scaled by its independent looks an hour (a shorter window has more),
-    and by the comparisons at each length (``FOLDS``)."""
-    looks = max(hop_samples, m / 2) / max(hop_samples, sentinel_len / 2)
-    return alpha / 2 / len(lengths) / len(FOLDS) * looks
+    half of it, shared by the lengths, each scaled by its independent looks an hour, and by the comparisons at each
+    length (``FOLDS``)."""
+    return alpha / 2 / len(lengths) / len(FOLDS) * _looks(m, hop_samples, sentinel_len)
 
 
 def hop_budget_s(cfg: EngineConfig) -> float:
