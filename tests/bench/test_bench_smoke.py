@@ -26,7 +26,7 @@ def test_lag_bench_quick(tmp_path):
 
 
 def test_live_mqtt_config_parses_and_scoring_matches_events_to_the_script():
-    """bench.live_mqtt's daemon config is a valid streamcorr config with the fast path as asked, and its scoring
+    """bench.live_mqtt's daemon config is a valid streamcorr config with the fast path and hop as asked, and its scoring
     takes each expected event's first match after the scripted change, counting misses and stable-pair events."""
     import yaml
 
@@ -36,8 +36,9 @@ def test_live_mqtt_config_parses_and_scoring_matches_events_to_the_script():
     from streamcorr.engine.changes import ChangeEvent
 
     rig = Rig(0, 50.0)
-    cfg = parse_config(yaml.safe_load(config("p", "127.0.0.1", 1883, rig.channels, fast=False)))
+    cfg = parse_config(yaml.safe_load(config("p", "127.0.0.1", 1883, rig.channels, fast=False, hop=25)))
     assert cfg.changes.fast is False and cfg.window.samples == 512 and cfg.channels.names == list(rig.channels)
+    assert cfg.hop_samples() == 25
     t0 = 1_800_000_000.0
     change = rig.script[0]
     (pair, kind), *_ = change.expected
