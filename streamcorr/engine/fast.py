@@ -55,6 +55,7 @@ CONFIRM_N_EFF = 40  # effective samples a confirmation needs, where the longest 
 PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
+INNOVATIONS_SINCE = 64  # rows since the onset a smooth pair's innovations confirm on, at least (48 gave false ones)
 MIN_REFERENCE = 0.05  # nats: weaker pairs' evidence is too flat for the CUSUM; the window watches them
 STILL_ALPHA = 0.01  # a smooth pair's decoupling waits while its innovations beat this bar (any of FOLDS, signs anew)
 
@@ -202,7 +203,7 @@ class FastPath:
             fit = [m for m in CONFIRM_LENGTHS if need <= m <= min(since, n)]
             if fit:  # otherwise too few samples since the onset: a later hop confirms
                 by_len.setdefault(fit[0], []).append(k)
-            elif self.est.prewhiten != "ar" and since >= min(CONFIRM_LENGTHS):  # smooth: its innovations may tell now
+            elif self.est.prewhiten != "ar" and since >= INNOVATIONS_SINCE:  # smooth: its innovations may tell now
                 early.append(k)
         began = [self._refs[keys[k]].zero_tick for k in early]
         events = self._confirm_by_innovations(end_tick, keys, pairs, window, fresh, early, began) if early else []
@@ -237,13 +238,13 @@ class FastPath:
         zero: list[int],
     ) -> list[ChangeEvent]:  # fmt: skip
         """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
-        samples: the innovations over the samples since the onset (the newest 48, 64 or 128) within the null of
+        samples: the innovations over the samples since the onset (the newest 64 or 128) within the null of
         independent pairs at their effective size and below half their level over the ``INNOVATIONS_BEFORE``
         samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
         not confirmed wait for their levels. ``zero`` (per pair of ks): the onset tick, from either CUSUM."""
         n, period = self.window_len, self.period_ns
-        shortest = min(CONFIRM_LENGTHS)
-        room = [x for x in CONFIRM_LENGTHS if x <= n - shortest]  # rows since the onset, leaving some before it
+        shortest = INNOVATIONS_SINCE
+        room = [x for x in CONFIRM_LENGTHS if shortest <= x <= n - shortest]  # since the onset, leaving some before
         since = (end_tick - np.array(zero, dtype=np.int64)) // period
         fits = [q for q, s in enumerate(since.tolist()) if room and min(room) <= s <= n - shortest]
         ks, zero, since = [ks[q] for q in fits], [zero[q] for q in fits], since[fits]
@@ -279,14 +280,14 @@ class FastPath:
         self, end_tick: int, keys: PairNames, pairs: np.ndarray, window: np.ndarray, fresh: np.ndarray,
         rows: np.ndarray,
     ) -> list[ChangeEvent]:  # fmt: skip
-        """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 48 samples or more
-        since its onset is confirmed on the innovations; one still unconfirmed at 96 starts again from 0."""
+        """The innovation CUSUMs of held smooth pairs (engine.innovation_watch): an alarm with 64 samples or more
+        since its onset is confirmed on the innovations; one still unconfirmed at 128 starts again from 0."""
         ks = [int(k) for k in rows if keys[k] in self.watch.refs]
         if not ks:
             return []
         alarmed = [ks[q] for q in self.watch.score([keys[k] for k in ks], pairs[ks], window, end_tick)]
         zero = [self.watch.refs[keys[k]].zero_tick for k in alarmed]
-        shortest = min(CONFIRM_LENGTHS)
+        shortest = INNOVATIONS_SINCE
         ready = [(k, z) for k, z in zip(alarmed, zero, strict=True) if (end_tick - z) // self.period_ns >= shortest]
         if not ready:
             return []

@@ -22,7 +22,7 @@ from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import evidence, pair_tables, window_moments
 from ..estimate.significance import ar_fit, ar_residuals, autocorrelation, pair_n_eff
-from .short_windows import Fold, folded, local_slopes
+from .short_windows import Fold, bins_of, folded, local_slopes
 
 __all__ = ["InnovationWatch"]
 
@@ -75,7 +75,6 @@ class InnovationWatch:
         acf = autocorrelation(u)
         share = np.maximum(pair_n_eff(acf[lx], acf[ry], n), 2.0) / n
         ordered = np.sort(rows, axis=1)
-        plain = Fold.none(1)
         for q, key in enumerate(keys):
             c = pick[q]
             if m[c] < self.min_reference or not (fitted[q] and fitted[q + k]):
@@ -84,9 +83,10 @@ class InnovationWatch:
             drift = float(m[c]) / 4.0
             h = self.threshold(drift, max(float(var[c]) / float(share[q]), 1e-6))
             own = [q, q + k]
-            sides = [Fold(fold.edges[[r]], fold.signs[[r]]) if best[q] == side + 1 else plain
-                     for side, r in enumerate(own)]  # fmt: skip
-            watched = Fold(np.concatenate([f.edges for f in sides]), np.concatenate([f.signs for f in sides]))
+            watched = Fold.none(2)  # (x, y): the channel whose folded innovations scored highest keeps its fold
+            if best[q] > 0:
+                side = best[q] - 1
+                watched.edges[side], watched.signs[side] = fold.edges[own[side]], fold.signs[own[side]]
             self.refs[key] = _Watched(coef[own], mean[own], watched, ordered[[lx[q], ry[q]]], theta[c],
                                       float(log_z[c]), drift, h, end_tick, 0.0, end_tick)  # fmt: skip
 
@@ -113,7 +113,7 @@ class InnovationWatch:
             prior = window[rows, n - new - 1 : n - 1].reshape(2, len(qs), new)  # the level before each sample
             edges = np.stack([w.fold.edges for w in ws], axis=1)  # (2, G, B - 1)
             signs = np.stack([w.fold.signs for w in ws], axis=1)  # (2, G, B)
-            e *= np.take_along_axis(signs, (prior[..., None] > edges[:, :, None, :]).sum(axis=3), axis=2)  # folded
+            e *= np.take_along_axis(signs, bins_of(prior, edges), axis=2)  # folded
             u = np.empty((2, len(qs), new))  # new innovations ranked among the reference window's
             for g, w in enumerate(ws):
                 for side in (0, 1):

@@ -61,8 +61,12 @@ def fold_bins(levels: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """The bin (R, m) of each row's innovation, by the level before it (levels (R, m); the first row's own): an
     innovation is independent of the past, so on an independent pair it stays noise within every bin (binned by
     its own level, it would follow the level, and through it any slow trend the other channel shares)."""
-    prior = np.concatenate([levels[:, :1], levels[:, :-1]], axis=1)
-    return (prior[:, :, None] > edges[:, None, :]).sum(axis=2)
+    return bins_of(np.concatenate([levels[:, :1], levels[:, :-1]], axis=1), edges)
+
+
+def bins_of(prior: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The bin (..., m) of each level in prior (..., m) between edges (..., FOLD_BINS - 1)."""
+    return (prior[..., None] > edges[..., None, :]).sum(axis=-1)
 
 
 def folded(e: np.ndarray, levels: np.ndarray, fold: Fold) -> np.ndarray:
