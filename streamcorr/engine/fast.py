@@ -51,7 +51,8 @@ __all__ = ["ARL_PAIR_HOURS", "CONFIRM_LENGTHS", "FastPath"]
 
 ARL_PAIR_HOURS = 1000.0  # a steady dependent pair's CUSUM alarms once in this many hours (before confirmation)
 CONFIRM_LENGTHS = (256, 128, 64, 48)  # samples since the onset a decoupling is confirmed on (longest that fit)
-CONFIRM_N_EFF = 40  # effective samples a confirmation needs, where the longest length holds them
+CONFIRM_N_EFF = 48  # effective samples a confirmation needs, where the longest length holds them
+SHORTEST_N_EFF = 40  # ... and at the shortest (48 samples): pairs of 0.83 effective samples a sample or more
 PROBE_TABLES = 64  # references made in the first batch, which times them
 REFERENCE_SHARE = 0.1  # live, renewing references takes at most this share of a hop, beside what the hop left
 INNOVATIONS_BEFORE = 256  # rows before a decoupling's onset whose innovations must have shown the dependence
@@ -199,7 +200,8 @@ class FastPath:
             ref = self._refs[keys[k]]
             since = (end_tick - ref.zero_tick) // period
             # the shortest length that holds CONFIRM_N_EFF effective samples (smooth pairs: the longest)
-            need = min((m for m in CONFIRM_LENGTHS if m * ref.share >= CONFIRM_N_EFF and m <= n), default=longest)
+            need = min((m for m in CONFIRM_LENGTHS if m <= n and m * ref.share >= (
+                SHORTEST_N_EFF if m == CONFIRM_LENGTHS[-1] else CONFIRM_N_EFF)), default=longest)  # fmt: skip
             fit = [m for m in CONFIRM_LENGTHS if need <= m <= min(since, n)]
             if fit:  # otherwise too few samples since the onset: a later hop confirms
                 by_len.setdefault(fit[0], []).append(k)
@@ -238,7 +240,7 @@ class FastPath:
         zero: list[int],
     ) -> list[ChangeEvent]:  # fmt: skip
         """Decouplings of smooth pairs confirmed on their innovations, before their levels hold enough effective
-        samples: the innovations over the samples since the onset (the newest 64 or 128) within the null of
+        samples: the innovations over the samples since the onset (the newest 64, 128 or 256) within the null of
         independent pairs at their effective size and below half their level over the ``INNOVATIONS_BEFORE``
         samples before the onset, which must have been dependent (above that null's 99th percentile). Pairs
         not confirmed wait for their levels. ``zero`` (per pair of ks): the onset tick, from either CUSUM."""

@@ -17,9 +17,9 @@ twice ``sentinel_len`` rows (shortest first, within half the window), sharing ha
 other half; ``settings.innovation_alpha`` splits it).
 
 One hop above is enough: consecutive short windows overlap, so a second look costs half a second and adds little.
-The onset is the change point of the short window's evidence under its own table (of the levels, or of the
-innovations at the length that showed it), which also becomes the pair's first reference where the levels showed
-the change.
+The onset is the change point of the whole short window's evidence under its own table (of the levels, at either
+length that showed them, or of the innovations at the length that showed them), which also becomes the pair's
+first reference where the levels showed the change.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Sentinel:
         for half in self.levels_lengths[:-1]:  # the newest half: a strong relation shows there sooner
             if len(todo := np.flatnonzero(~above)):
                 mi_h, ne_h, _, _ = short_estimates(self.est, window, fresh, pairs[rows[todo]], half)
-                above[todo] = self.levels_above(half, mi_h, ne_h, is_smooth[todo])
+                seen = self.levels_above(half, mi_h, ne_h, is_smooth[todo])
+                above[todo], mi[todo[seen]] = seen, mi_h[seen]  # the event reports the estimate that showed it
         seen_on = np.zeros(len(rows), dtype=np.int64)  # the innovations' short window that showed it (0: none)
         shown_by = np.full(len(rows), -1, dtype=np.int64)  # -1: the levels, else the entry of FOLDS
         if len(smooth):

@@ -194,9 +194,9 @@ def innovation_lengths(sentinel_len: int, window_len: int) -> tuple[int, ...]:
 
 
 def levels_lengths(sentinel_len: int) -> tuple[int, ...]:
-    """Rows the sentinel tests a pair's levels on: the newest half of its short window (64 or more), then all of it:
-    a strong relation shows on the half, a weak one needs the whole."""
-    return tuple(k for k in (sentinel_len // 2, sentinel_len) if k >= 64)
+    """Rows the sentinel tests a pair's levels on: its whole short window and the newest half of it (64 rows or
+    more): a weak relation needs the whole, a strong one shows on the half sooner."""
+    return tuple(k for k in (sentinel_len // 2, sentinel_len) if k >= 64) or (sentinel_len,)
 
 
 def _looks(m: int, hop_samples: int, sentinel_len: int) -> float:

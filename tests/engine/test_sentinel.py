@@ -1,4 +1,4 @@
-"""The fast path's coupling sentinel: short windows of pairs held independent, the newest half first."""
+"""The fast path's coupling sentinel: short windows of pairs held independent, and the newest half of them."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def test_levels_lengths_and_their_rates_share_the_sentinels_budget() -> None:
     assert levels_lengths(256) == (128, 256)
     assert levels_lengths(128) == (64, 128)
     assert levels_lengths(64) == (64,)
+    assert levels_lengths(32) == (32,)  # a window under 64 rows: its short window is the whole
     for hop in (25, 50, 100):
         rates = [levels_alpha(1e-3, m, (128, 256), hop, 256) for m in (128, 256)]
         assert rates[0] <= rates[1] and sum(rates) <= 1e-3 + 1e-12
