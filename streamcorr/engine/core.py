@@ -137,7 +137,8 @@ class Engine:
             return cfg.false_alarm_rate
         hop_s, per_hour = cfg.hop_samples / cfg.rate_hz, cfg.false_alarms_per_hour / (2 if cfg.fast else 1)
         if fast is not None:
-            return per_evaluation_rate(per_hour, n_pairs, hop_s, fast.sentinel_len / cfg.rate_hz, fast.persist)
+            s = fast.sentinel  # its short window and persistence set its looks an hour
+            return per_evaluation_rate(per_hour, n_pairs, hop_s, s.sentinel_len / cfg.rate_hz, s.persist)
         return per_evaluation_rate(per_hour, n_pairs, hop_s, cfg.window_len / cfg.rate_hz, cfg.persist)
 
     def _null(self, window_len: int) -> NullTable:

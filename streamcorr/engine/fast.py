@@ -93,8 +93,6 @@ class FastPath:
     ) -> None:
         self.est, self.detector, self.nulls = est, detector, nulls
         self.window_len, self.period_ns, self.hop_samples = window_len, period_ns, hop_samples
-        self.sentinel_len = min(sentinel_len, window_len)
-        self.persist = persist
         self.arl_samples = arl_pair_hours * 3600e9 / period_ns
         self._refs: dict[tuple[str, str], _Reference] = {}
         self._long_run_var: dict[tuple[str, str], float] = {}  # each pair's latest, kept across references
@@ -106,8 +104,8 @@ class FastPath:
                  "innovation_confirmed", "innovation_cusum_alarms")  # fmt: skip
         self.counts = dict.fromkeys(kinds, 0)
         self.sentinel = Sentinel(est, detector, nulls, self.counts, self._set_reference, window_len=window_len,
-                                 period_ns=period_ns, hop_samples=hop_samples, sentinel_len=self.sentinel_len,
-                                 persist=persist)  # fmt: skip
+                                 period_ns=period_ns, hop_samples=hop_samples,
+                                 sentinel_len=min(sentinel_len, window_len), persist=persist)  # fmt: skip
         # load (or compile) the kernels now, not inside the first hop that scores samples or runs the sentinel
         evidence(np.zeros((1, 2, 2), np.float32), np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1)))
         rank_transform(np.zeros((2, 4)), est.ties)
@@ -305,7 +303,8 @@ class FastPath:
         return events
 
     def _still_shown(self, window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int) -> np.ndarray:
-        """Pairs (P, 2) whose innovations on their newest m rows still show dependence at ``STILL_ALPHA``."""
+        """Which pairs' (P, 2) innovations on their newest m rows still show dependence, on any comparison of
+        ``FOLDS`` (the folds' signs read anew: a relation's turns can move), each at ``STILL_ALPHA``."""
         z = float(norm.isf(STILL_ALPHA / 2))
         return innovation_tests(self.est, window, fresh, pairs, (m,), lambda k, ne: self.nulls(k).dependent_above(
             ne, STILL_ALPHA, self.detector.min_effect), lambda k: z)[0] > 0  # fmt: skip
