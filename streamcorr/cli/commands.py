@@ -266,9 +266,12 @@ def _check(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon.exposure import exposed_listeners
     from ..engine.settings import EngineConfig, fast_path_cost, lag_cost
+    from ..ingest.payload import source_decoder
 
     cfg = load_config(args.config)
     ec = EngineConfig.from_config(cfg)
+    for k, s in enumerate(cfg.sources):  # what `run` refuses at start: a payload setting the schema lets through
+        source_decoder(s, k, max_name_bytes=cfg.channels.max_name_bytes)
     if (rec := cfg.outputs.record) is not None:  # `run` would drop every file: say so now
         from ..publish.record import probe_writable
 

@@ -113,7 +113,7 @@ class Daemon:
         self._warn = RateLimitedLog(log)
         self._setup_thread: threading.Thread | None = None
         self.sources: list[tuple[str, Source]] = [
-            (f"{s.type}{k}", SOURCES[s.type](s, self.decoder(s), self.push)) for k, s in enumerate(cfg.sources)
+            (f"{s.type}{k}", SOURCES[s.type](s, self.decoder(s, k), self.push)) for k, s in enumerate(cfg.sources)
         ]
         self.outputs = [SinkGuard(name, make(section)) for name, make in OUTPUTS.items()
                         if (section := getattr(cfg.outputs, name)) is not None]  # fmt: skip
@@ -144,11 +144,11 @@ class Daemon:
         """Where sources hand their samples: the engine (Engine.push)."""
         return self.engine.push(channel, t, values)
 
-    def decoder(self, payload: Any) -> Any:
-        """A source's payload decoder: its section's payload keys, and the channel-name rule's bound."""
-        from ..ingest.payload import PayloadDecoder
+    def decoder(self, payload: Any, index: int) -> Any:
+        """Source number index's payload decoder: its section's payload keys, and the channel-name rule's bound."""
+        from ..ingest.payload import source_decoder
 
-        return PayloadDecoder(payload, max_name_bytes=self.cfg.channels.max_name_bytes)
+        return source_decoder(payload, index, max_name_bytes=self.cfg.channels.max_name_bytes)
 
     @property
     def setup_abandoned(self) -> bool:

@@ -11,14 +11,16 @@ hop: its buffer and counters go (its drops stay in ``sample_drops``), the engine
 ``max_channels`` counts live channels only; when the name speaks again it is a new channel. Configured
 channels never retire. Stream time is what ages a channel, so when the whole stream pauses nothing retires.
 
-A channel's clock may step. When every finite sample a channel sends is more than a window behind its newest
-accepted one (a step back), or beyond ``max_future_s`` (a step forward past the receive clock), for
-``reanchor_after_s`` of the samples' own stamps (and ``MIN_STEP_SAMPLES`` samples), the channel is
-re-anchored: its later stamps are shifted by the step, so that its newest one lands on the stream clock, and
-it rejoins the windows; until then its samples are dropped and counted (``late``, ``future``) as always. The
-stream clock itself never steps back, so snapshots, ages and events stay in order. A step forward that stays
-within ``max_future_s`` of the receive clock (or any step forward with ``max_future_s: null``) cannot be told
-from a pause in the stream by its stamps, so stream time follows it as it follows a gap.
+A channel's clock may step. A sample more than a window behind the channel's newest accepted one, or behind the
+stream clock, is late: no window to come can hold it (a new device whose clock counts from its boot sends only
+such samples). When every finite sample a channel sends is late that way (a step back), or beyond ``max_future_s``
+(a step forward past the receive clock), for ``reanchor_after_s`` of the samples' own stamps (and
+``MIN_STEP_SAMPLES`` samples), the channel is re-anchored: its later stamps are shifted by the step, so that its
+newest one lands on the stream clock, and it rejoins the windows; until then its samples are dropped and counted
+(``late``, ``future``) as always. The stream clock itself never steps back, so snapshots, ages and events stay in
+order. A step forward that stays within ``max_future_s`` of the receive clock (or any step forward with
+``max_future_s: null``) cannot be told from a pause in the stream by its stamps, so stream time follows it as it
+follows a gap.
 """
 
 from __future__ import annotations
@@ -287,9 +289,15 @@ class Intake:
                 lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
                 t_ns = np.clip(t_ns, max(lo, lo - ch.offset_ns), min(hi, hi - ch.offset_ns)) + ch.offset_ns
             last = ch.buffer.last_t_ns
-            accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns)
+            # more than a window behind the stream clock: no window to come can hold it (a device clock that counts
+            # from its boot, or set far back), so it is late even for a new channel with nothing accepted yet
+            behind_ns = max((v for v in (last, self.stream_ns) if v is not None), default=None)
+            old = np.zeros(len(t_ns), dtype=bool) if behind_ns is None else t_ns < behind_ns - self.window_ns
+            if old.any():
+                ch.buffer.counters.late += int(old.sum())
+            accepted = ch.buffer.push_many(t_ns[~old], vals[~old], max_t_ns=max_t_ns) if not old.all() else 0
             if self.reanchor_ns is not None:
-                self._watch_clock(ch, t_ns, vals, last, now_ns, max_t_ns, accepted)
+                self._watch_clock(ch, t_ns, vals, old, now_ns, max_t_ns, accepted)
             if accepted:
                 newest = int(ch.buffer.last_t_ns or 0)
                 if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
@@ -302,19 +310,21 @@ class Intake:
         ch: Channel,
         t_ns: np.ndarray,
         vals: np.ndarray,
-        last: int | None,
+        old: np.ndarray,
         now_ns: int,
         max_t_ns: int | None,
         accepted: int,
     ) -> None:
-        """Follow the run of samples off the channel's clock (module docstring); re-anchor it once it is long."""
+        """Follow the run of samples off the channel's clock (module docstring); re-anchor it once it is long.
+        ``old`` (per sample): more than a window behind the channel's newest stamp or the stream clock."""
         finite = np.isfinite(vals)
         if accepted:  # on its clock
             ch.step = None
         if accepted or not finite.any():
             return
         t_fin = t_ns[finite]
-        if last is not None and (t_fin < last - self.window_ns).all():
+        last = ch.buffer.last_t_ns
+        if old[finite].all():
             direction = "back"
         elif max_t_ns is not None and (t_fin > max_t_ns).all():
             direction = "forward"
@@ -335,9 +345,12 @@ class Intake:
         ch.step = None
         self.counters.channels_reanchored += 1
         why = "late" if direction == "back" else "future"
-        log.warning("channel %.80r: stamps stepped %s by %.3f s; re-anchored (later stamps shifted by %+.3f s onto "
-                    "the stream clock; %d samples dropped as %s before)", ch.name, direction, abs(step_ns) / 1e9,
-                    ch.offset_ns / 1e9, run.samples, why)  # fmt: skip
+        ahead = "behind the stream clock by" if direction == "back" else "ahead of the receive clock by"
+        how = f"stepped {direction} by" if last is not None else ahead
+        hint = "" if last is not None else " (is the device's clock set? stamps in seconds since its boot read so)"
+        log.warning("channel %.80r: stamps %s %.3f s; re-anchored (later stamps shifted by %+.3f s onto "
+                    "the stream clock; %d samples dropped as %s before)%s", ch.name, how, abs(step_ns) / 1e9,
+                    ch.offset_ns / 1e9, run.samples, why, hint)  # fmt: skip
 
     def _advance(self, t_ns: int, t_first_ns: int) -> None:
         """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window."""

@@ -47,8 +47,7 @@ keys, validated the same way (a bad value is a ConfigError naming the key).
 
 Memory: the decoder remembers the channel name of each (topic, field) and the last ``seq`` of each topic;
 both caches are bounded in bytes (``CACHE_BYTES`` each, counting topics, keys and names) and are cleared
-when full, which only costs the next messages a fresh lookup (and a ``seq`` gap cannot be seen across a
-clear).
+when full, which only costs the next messages a fresh lookup (and a ``seq`` gap cannot be seen across one).
 
 Drop reasons (items counted, each under the first reason that applies)
 --------------------------------------------------------------------
@@ -433,6 +432,14 @@ def payload_settings(settings: Payload | None, overrides: dict[str, Any]) -> Pay
             else:
                 problems.append(f"{key}: {err['msg']} (got {echo(err.get('input'))})")
         raise ConfigError("; ".join(problems)) from None
+
+
+def source_decoder(settings: Payload, index: int, *, max_name_bytes: int = MAX_NAME_BYTES) -> PayloadDecoder:
+    """The decoder of the config's source number ``index``; a setting it refuses is named by its key path."""
+    try:
+        return PayloadDecoder(settings, max_name_bytes=max_name_bytes)
+    except ConfigError as exc:
+        raise ConfigError(f"sources.{index}.{exc}") from None
 
 
 def _check_template(template: str) -> None:

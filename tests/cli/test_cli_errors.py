@@ -114,6 +114,19 @@ def test_no_command_shows_a_traceback_on_a_corpus_of_bad_files(tmp_path, capsys)
             assert rc == 2, argv
 
 
+def test_check_refuses_what_run_refuses_in_a_source_payload_naming_the_key(tmp_path, capsys):
+    """A channel template with an unknown field or a time field that clashes with a reserved name passes the schema;
+    `check` refuses it as `run` does, both naming the source's key path, so a deploy gated on `check` holds."""
+    for key, value, says in [("channel_template", "{topic[1]}.{kee}", "found ['kee']"),
+                             ("time_field", "t0", "reserved name")]:  # fmt: skip
+        path = tmp_path / f"{key}.yaml"
+        path.write_text(yaml.safe_dump({"version": 1, "sources": [GOOD_SOURCE, {**GOOD_SOURCE, key: value}],
+                                        "http": {"port": 0}}))  # fmt: skip
+        for cmd in ("check", "run"):
+            rc, text = _run_cli([cmd, str(path)], capsys)
+            assert rc == 2 and f"sources.1.{key}" in text and says in text, (cmd, text)
+
+
 def test_config_bombs_are_refused_quickly_with_short_messages(tmp_path, capsys):
     """A billion-laughs alias bomb, /dev/zero and a 200 kB value each give a one-line error of bounded length."""
     bomb = tmp_path / "bomb.yaml"

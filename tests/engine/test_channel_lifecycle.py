@@ -138,6 +138,28 @@ def test_a_channel_whose_clock_steps_back_an_hour_is_reanchored(est, caplog):
     assert snaps[-1].channels == ("a", "b", "c") and snaps[-1].mi[0, 2] > 0.5
 
 
+def test_a_new_device_stamping_seconds_since_boot_is_reanchored_not_churned(est, caplog):
+    """A device whose clock counts from its boot joins a stream on the epoch clock: its samples, far behind the
+    stream clock, are counted as late (not accepted into a channel that then retires at every hop), and once
+    reanchor_after_s of its stamps has passed it is re-anchored, with a hint in the log, and its pair measured."""
+    rng = np.random.default_rng(17)
+    eng = _engine(est, retire_after_s=10.0)
+    base = 1_700_000_000 * 10**9
+    snaps = []
+    with caplog.at_level(logging.WARNING, logger="streamcorr"):
+        for sec in range(40):
+            t = _second(sec, base)
+            x = rng.standard_normal(len(t))
+            eng.push_ns("a", t, x)
+            eng.push_ns("boot", _second(sec, 100 * 10**9), x + 0.3 * rng.standard_normal(len(t)))
+            snaps += _hops(eng)
+    assert eng.counters.channels_retired == 0 and eng.counters.channels_reanchored == 1
+    assert 0 < eng.sample_drops()["late"] <= 7 * RATE
+    lines = [r.getMessage() for r in caplog.records if "re-anchored" in r.getMessage()]
+    assert len(lines) == 1 and "'boot': stamps behind the stream clock by" in lines[0] and "boot" in lines[0], lines
+    assert snaps[-1].channels == ("a", "boot") and snaps[-1].mi[0, 1] > 0.5
+
+
 def test_the_whole_stream_stepping_back_keeps_snapshots_coming(est):
     """Every channel's stamps jump back an hour (the sender's clock stepped): each channel is re-anchored, and
     stream time and snapshots carry on in order instead of stopping for an hour."""
