@@ -1,6 +1,9 @@
 """MkDocs hooks: the generated parts of the site, each from its one source.
 
-A page asks for generated text with a marker line, ``<!-- generate: NAME [ARG] -->``, which `expand` replaces:
+A page asks for generated text with a marker line, ``<!-- generate: NAME [ARG] -->``. The text is kept in the page
+below it, up to ``<!-- end generate -->``, so that the Markdown reads whole in the repository too:
+``python docs/hooks.py`` writes it there (``--check`` lists pages whose text is out of date, as tests/test_docs.py
+does), and the build's `expand` replaces each block with text generated afresh. The generators:
 
 - ``config-reference``: every key of the YAML schema (`streamcorr.config.Config`) with its type, default, bounds
   and the comment or description written beside it in `streamcorr/config.py`.
@@ -39,7 +42,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "streamcorr"
 RESULTS = REPO / "bench" / "results"
-MARKER = re.compile(r"^<!-- generate: ([\w-]+)(?: ([\w.]+))? -->$", re.M)
+MARKER = re.compile(r"^<!-- generate: ([\w-]+)(?: ([\w.]+))? -->$")
+END = "<!-- end generate -->"
 MOUNTED = (  # besides bench/results/*.md and *.png
     "models/README.md",
     "bench/README.md",
@@ -49,24 +53,46 @@ MOUNTED = (  # besides bench/results/*.md and *.png
 
 
 # -- markers -----------------------------------------------------------------------------------------------------
+def generate(name: str, arg: str | None) -> str:
+    """The text of one marker."""
+    if name == "config-reference":
+        return config_reference()
+    if name == "docstring" and arg:
+        return docstring_markdown(arg)
+    if name == "modules":
+        return module_table()
+    if name == "headlines":
+        return headline_table()
+    if name == "results":
+        return results_table()
+    raise ValueError(f"unknown generation marker {name!r} {arg or ''}")
+
+
+def _blocks(markdown: str, keep_markers: bool) -> str:
+    """The page with each marker's block (the marker, its kept text and the end line; or a bare marker line)
+    replaced by fresh text, framed by the marker and end lines if ``keep_markers``."""
+    lines, out, k = markdown.split("\n"), [], 0
+    while k < len(lines):
+        m = MARKER.match(lines[k])
+        if m is None:
+            out.append(lines[k])
+            k += 1
+            continue
+        end = next((q for q in range(k + 1, len(lines)) if lines[q] == END or MARKER.match(lines[q])), None)
+        text = generate(m.group(1), m.group(2)).strip("\n")
+        out += [lines[k], text, END] if keep_markers else [text]
+        k = end + 1 if end is not None and lines[end] == END else k + 1
+    return "\n".join(out)
+
+
 def expand(markdown: str) -> str:
-    """The page with every generation marker replaced by its text."""
+    """The page as the site shows it: every generated block replaced by text generated now."""
+    return _blocks(markdown, keep_markers=False)
 
-    def one(m: re.Match[str]) -> str:
-        name, arg = m.group(1), m.group(2)
-        if name == "config-reference":
-            return config_reference()
-        if name == "docstring" and arg:
-            return docstring_markdown(arg)
-        if name == "modules":
-            return module_table()
-        if name == "headlines":
-            return headline_table()
-        if name == "results":
-            return results_table()
-        raise ValueError(f"unknown generation marker {m.group(0)!r}")
 
-    return MARKER.sub(one, markdown)
+def refresh(markdown: str) -> str:
+    """The page as committed: every generated block holding text generated now, between its marker lines."""
+    return _blocks(markdown, keep_markers=True)
 
 
 # -- docstrings --------------------------------------------------------------------------------------------------
@@ -550,3 +576,23 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return re.sub(r"\]\(((?:\.\./)+)docs/", r"](\1", markdown)
     markdown = expand(markdown)
     return re.sub(r"\]\(\.\./((?:models|bench)/[^)]*)\)", r"](\1)", markdown)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write each docs/ page's generated blocks (``--check``: list the pages out of date, exit 1 if any)."""
+    import sys
+
+    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    stale = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        text = page.read_text()
+        if (new := refresh(text)) != text:
+            stale.append(page.relative_to(REPO).as_posix())
+            if not check:
+                page.write_text(new)
+    print(("out of date: " if check else "written: ") + (", ".join(stale) or "none"))
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -83,6 +83,17 @@ def test_no_user_facing_document_tells_history():
     assert found == [], "history in user-facing documents:\n" + "\n".join(found)
 
 
+def test_generated_blocks_in_the_docs_pages_are_current():
+    """Each docs/ page holds its generated text (configuration reference, wire format, results tables) as the build
+    makes it, so the Markdown reads whole in the repository; `python docs/hooks.py` rewrites the stale ones."""
+    np.random.default_rng(84)  # nothing random here; seeded by convention
+    gen = hooks()
+    pages = sorted((REPO / "docs").glob("*.md"))
+    assert sum(gen.END in p.read_text() for p in pages) >= 6
+    stale = [p.name for p in pages if gen.refresh(p.read_text()) != p.read_text()]
+    assert stale == [], f"generated text out of date in {stale}: run `python docs/hooks.py`"
+
+
 def test_the_history_check_catches_a_narrative():
     """The patterns catch the narratives they exist for."""
     np.random.default_rng(83)  # nothing random here; seeded by convention
