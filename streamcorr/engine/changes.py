@@ -216,7 +216,8 @@ class ChangeDetector:
         self._level[pair] = mi
         self._streak.pop(pair, None)
         self._hold_until[pair] = t_ns + hold_ns
-        return ChangeEvent(pair, prev, mi, t_ns, kind, initial=initial, onset_t_ns=onset_t_ns, path="fast")
+        onset = None if initial else onset_t_ns  # never seen independent: the dependence predates what was seen
+        return ChangeEvent(pair, prev, mi, t_ns, kind, initial=initial, onset_t_ns=onset, path="fast")
 
     def holding(self, pair: tuple[str, str], t_ns: int) -> bool:
         """True while the window's verdicts on a pair wait for its window to catch up with a fast change."""

@@ -77,6 +77,19 @@ def test_a_pair_never_seen_independent_is_initial_when_its_evidence_builds_late(
     assert later[3] is not None and later[3].kind == "became-dependent" and not later[3].initial
 
 
+def test_a_fast_coupling_of_a_pair_never_seen_independent_is_initial_without_an_onset():
+    """The fast path's became-dependent on a pair never seen independent is initial and carries no onset (the
+    dependence predates what was seen); once the pair was seen independent, a fast coupling keeps its onset."""
+    det = ChangeDetector(_cal(), ALPHA, min_effect=0.0, persist=1)
+    hi, lo = (float(v[0]) for v in det.thresholds(np.array([256.0])))
+    det.update(("a", "b"), (hi + lo) / 2, 0)  # assessed, independent, never below independent_below
+    ev = det.fast_change(("a", "b"), "became-dependent", 0.5, 10, onset_t_ns=7, hold_ns=0)
+    assert ev is not None and ev.initial and ev.onset_t_ns is None and ev.path == "fast"
+    det.update(("c", "d"), 0.0, 0)
+    ev = det.fast_change(("c", "d"), "became-dependent", 0.5, 10, onset_t_ns=7, hold_ns=0)
+    assert ev is not None and not ev.initial and ev.onset_t_ns == 7
+
+
 def test_thresholds_follow_the_effective_sample_size():
     """A smaller effective sample size raises both bars; a lower false-alarm rate raises the upper one."""
     table = NullTable(256, (math.log(10), math.log(256)), (0.3, 0.003), (0.6, 0.02), (0.3, 0.02), null_std=0.02)
