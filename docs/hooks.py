@@ -140,6 +140,8 @@ def _inline(text: str) -> str:
 def _trim(block: list[str]) -> list[str]:
     while block and not block[-1].strip():
         block.pop()
+    while block and not block[0].strip():
+        block.pop(0)
     return block
 
 

@@ -74,6 +74,8 @@ def _static_demo(args: argparse.Namespace) -> int:
 
 
 MIN_ROWS = 32  # the model's shortest window
+# columns stamped at different times (a wide log of several devices) share few rows
+_ALIGN_HINT = "; columns sampled at their own times? `streamcorr replay {}` aligns them on a clock first"
 
 
 def _estimate(args: argparse.Namespace) -> int:
@@ -90,7 +92,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if keep.sum() < MIN_ROWS:
         raise StreamcorrError(
             f"{args.csv}: only {int(keep.sum())} rows have numbers in both {args.x!r} and {args.y!r}"
-            f" ({dropped} dropped); the model needs at least {MIN_ROWS}"
+            f" ({dropped} dropped); the model needs at least {MIN_ROWS}{_ALIGN_HINT.format(args.csv)}"
         )
     if dropped:
         print(f"note: {dropped} of {len(x)} rows dropped (missing or non-numeric {args.x!r} or {args.y!r})",
@@ -221,7 +223,8 @@ def _matrix(args: argparse.Namespace) -> int:
     ok = both >= MIN_ROWS
     if (~ok).any():
         short = [f"{names[a]}~{names[b]}" for a, b in zip(i[~ok], j[~ok], strict=True)]
-        print(f"note: fewer than {MIN_ROWS} rows with both values, shown as '-': {_list(short, 10)}", file=sys.stderr)
+        print(f"note: fewer than {MIN_ROWS} rows with both values, shown as '-': {_list(short, 10)}"
+              f"{_ALIGN_HINT.format(args.file)}", file=sys.stderr)  # fmt: skip
     if ok.any():
         mi[i[ok], j[ok]] = mi[j[ok], i[ok]] = Estimator(nonfinite="drop").estimate_batch(data[i[ok]], data[j[ok]])
     width = max(8, *(len(n) for n in names))
@@ -229,7 +232,7 @@ def _matrix(args: argparse.Namespace) -> int:
     print(" " * width + "".join(f"{n[:width]:>{width + 1}}" for n in names))
     for n, row in zip(names, mi, strict=True):
         print(f"{n:<{width}}" + "".join(f"{'-' if np.isnan(v) else f'{v:.3f}':>{width + 1}}" for v in row))
-    if not args.no_png:
+    if not args.no_png and ok.any():
         png = args.png or str(Path(args.file).with_suffix("")) + "_mi.png"
         _heatmap_png(mi, names, png, f"MI (nats): {Path(args.file).name}")
         print(f"\nheatmap written to {png}")

@@ -46,6 +46,9 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
     timeline = timeline or sorted(outdir.glob("timeline-*.parquet"))  # a recording (outputs.record)
     event_files = [outdir / "events.parquet"] if (outdir / "events.parquet").is_file() else []
     event_files = event_files or sorted(outdir.glob("events-*.parquet"))
+    if not outdir.is_dir():
+        raise InputError(f"{outdir} is not a directory: give the output directory of 'streamcorr replay' or "
+                         "outputs.record")  # fmt: skip
     if not timeline:
         raise InputError(f"{outdir} has no timeline.parquet (nor timeline-*.parquet): give a directory written by "
                          "'streamcorr replay' or outputs.record")  # fmt: skip

@@ -36,21 +36,21 @@ misread a message.
 | `state`        | str                         | `"online"` or `"offline"`                                          |
 | `counters`     | map str -> int or float     | the publisher's counters and rates                                 |
 
-A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 bytes>}``: row-major,
-little-endian IEEE float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. The `source` matrix
-is ``"|u1"`` (one byte per cell), from publishers with dependence screening (an optional key, so `v`
-stays 1): a cell with source 2 holds the screen's small-dependence MI figure for a pair that failed the
-screen this hop, not a network estimate. `dependent` (``"|u1"``, 0/1: a cell with MI and 0 is not significant)
-and `n_eff` are optional too, as are `lag_s` and `mi_lag` (publishers with ``lags.max_s`` set); the four are left
-out, the last first, of a snapshot they would push past the size limit: `mi_lag` above about 1,600 channels,
-`lag_s` above 1,750, `n_eff` above 1,900, `dependent` only near 2,048 channels with names of kilobytes.
-(``Snapshot.network_age_s``, the age of each pair's last network estimate, stays in-process: with it a
-2,048-channel snapshot would pass the limit.) A `seq` lower than the last one seen means the publisher
-restarted. Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
+A *matrix* is a map ``{"dtype": "<f4", "shape": [N, N], "data": <bin, N*N*4 bytes>}``: row-major, little-endian IEEE
+float32 (NaN and inf are kept). Readers should also accept ``"<f8"``. The `source` matrix is ``"|u1"`` (one byte per
+cell), from publishers with dependence screening (an optional key, so `v` stays 1): a cell with source 2 holds the
+screen's small-dependence MI figure for a pair that failed the screen this hop, not a network estimate. `dependent`
+(``"|u1"``, 0/1: a cell with MI and 0 is not significant) and `n_eff` are optional too, as are `lag_s` and `mi_lag`
+(publishers with ``lags.max_s`` set); the four are left out, the last first, of a snapshot they would push past the size
+limit: `mi_lag` above about 1,600 channels, `lag_s` above 1,750, `n_eff` above 1,900, `dependent` only near 2,048
+channels with names of kilobytes. (``Snapshot.network_age_s``, the age of each pair's last network estimate, stays
+in-process: with it a 2,048-channel snapshot would pass the limit.) A `seq` lower than the last one seen means the
+publisher restarted. Snapshots sent with ``pairs_only`` (on the ``{prefix}/pairs`` topic) carry `pairs` and no matrices.
 
 Decoding without streamcorr (Python here; any language with msgpack and a float32 view reads the same)::
 
     import msgpack, numpy as np
+
     m = msgpack.unpackb(payload, raw=False)
     assert m["v"] == 1, "unknown envelope version"
     if m["kind"] == "snapshot":
@@ -67,13 +67,15 @@ Decoding without streamcorr (Python here; any language with msgpack and a float3
 Round trip with streamcorr:
 
 >>> import numpy as np
->>> snap = Snapshot(7, 10**9, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]),
-...                 np.full((2, 2), np.inf), np.ones((2, 2)))
+>>> snap = Snapshot(
+...     7, 10**9, 0, ("a", "b"), np.array([[np.nan, 0.5], [0.5, np.nan]]), np.full((2, 2), np.inf), np.ones((2, 2))
+... )
 >>> msg = decode_message(encode_snapshot(snap, seq=3, top_k=1))
 >>> msg.kind, msg.seq, msg.body.seq, float(msg.body.mi[0, 1]), msg.pairs
 ('snapshot', 3, 7, 0.5, ((0, 1, 0.5),))
->>> screened = Snapshot(7, 10**9, 0, ("a", "b"), snap.mi, snap.age_s, snap.coverage,
-...                     source=np.array([[0, 2], [2, 0]], dtype=np.uint8))
+>>> screened = Snapshot(
+...     7, 10**9, 0, ("a", "b"), snap.mi, snap.age_s, snap.coverage, source=np.array([[0, 2], [2, 0]], dtype=np.uint8)
+... )
 >>> decode_message(encode_snapshot(screened)).body.source.tolist()  # 2: the screen's figure, not the network's
 [[0, 2], [2, 0]]
 >>> out = decode(encode_snapshot(replace(snap, dependent=np.eye(2) == 0, n_eff=np.full((2, 2), 812.5))))
@@ -124,9 +126,8 @@ _WIRE = {"mi": _MATRIX_DTYPE, "age_s": _MATRIX_DTYPE, "coverage": _MATRIX_DTYPE,
          "dependent": _BYTE_DTYPE, "n_eff": _MATRIX_DTYPE, "lag_s": _MATRIX_DTYPE, "mi_lag": _MATRIX_DTYPE}  # fmt: skip
 _IF_ROOM = ("dependent", "n_eff", "lag_s", "mi_lag")  # sent only when they fit under MAX_ENVELOPE_BYTES, in order
 _CHANGES = frozenset(get_args(EventKind))
-_UINT64_MAX = 2**64 - 1
+_UINT64_MAX, _INT64 = 2**64 - 1, (-(2**63), 2**63 - 1)
 _SNAPSHOT_OVERHEAD = 1024  # envelope fields other than names and matrices, with room to spare
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 class EnvelopeError(InputError):

@@ -101,6 +101,8 @@ def test_constant_series_has_zero_mi(est):
         (np.r_[np.nan, np.arange(99.0)], np.arange(100.0), "NaN or inf"),
         (np.r_[np.inf, np.arange(99.0)], np.arange(100.0), "nonfinite='drop'"),
         (["a"] * 100, np.arange(100.0), "numeric"),
+        (None, None, "real numbers"),
+        (np.arange(100.0) * 1j, np.arange(100.0), "real numbers"),
     ],
 )
 def test_bad_input_to_estimate(est, x, y, match):

@@ -325,6 +325,8 @@ def test_bad_inputs_give_named_one_line_errors_not_unexpected_ones(tmp_path, cap
         assert err.startswith("streamcorr: error:") and err.count("\n") == 1 and "Traceback" not in err, (argv, err)
     assert main(["replay", str(dup), "--list"]) == 2
     assert "'x' appear more than once" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "no_such_dir")]) == 2
+    assert "no_such_dir is not a directory" in capsys.readouterr().err
 
 
 # -- class 5: one bad message -----------------------------------------------------------------------------
