@@ -69,7 +69,7 @@ def _resolve_device(device: str) -> torch.device:
 
 
 def _as_array(x: object, name: str) -> np.ndarray:
-    if x is None or np.iscomplexobj(x):  # None would become NaN, complex values lose their imaginary part
+    if x is None or np.iscomplexobj(x):  # type: ignore[arg-type]  # None -> NaN; complex loses its imaginary part
         raise InputError(f"{name} must be real numbers (an array-like of float or int); got {type(x).__name__}")
     try:
         return np.asarray(x, dtype=np.float64)
