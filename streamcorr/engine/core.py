@@ -289,8 +289,7 @@ class Engine:
         hop.lap(cnt, "screen")
 
     def _estimate(self, hop: Hop) -> None:
-        """MI and effective sample size of the selected pairs: shared ranks through the compute backend where both
-        channels are fully valid and fresh, each pair's own rows otherwise."""
+        """MI and effective size of the picked pairs: shared ranks where both are whole and fresh, else own rows."""
         cnt, n = self.counters, self.cfg.window_len
         pairs = self._pairs[hop.pick]
         i, j = hop.i, hop.j = pairs[:, 0], pairs[:, 1]
@@ -351,6 +350,7 @@ class Engine:
         held = np.array([bool(self.detector.is_dependent(p)) for p in hop.done_pairs], dtype=bool)
         self._scheduler.mark_refreshed(hop.pick[done], hop.end_tick, hop.mi[done], held)
         self.state.update(i[done], j[done], hop.mi[done], hop.coverage[done], hop.end_tick)
+        self.state.set_coverage(i[~hop.ok], j[~hop.ok], hop.coverage[~hop.ok])  # a gap shows now (the MI keeps its age)
         self.state.set_significance(i[done], j[done], held, hop.n_eff[done])
         self.counters.pairs_evaluated += int(done.sum())
         self.counters.hops += 1

@@ -11,10 +11,10 @@ hop: its buffer and counters go (its drops stay in ``sample_drops``), the engine
 ``max_channels`` counts live channels only; when the name speaks again it is a new channel. Configured
 channels never retire. Stream time is what ages a channel, so when the whole stream pauses nothing retires.
 
-A channel's clock may step. A sample more than a window behind the channel's newest accepted one, or behind the
-stream clock, is late: no window to come can hold it (a new device whose clock counts from its boot sends only
-such samples). When every finite sample a channel sends is late that way (a step back), or beyond ``max_future_s``
-(a step forward past the receive clock), for ``reanchor_after_s`` of the samples' own stamps (and
+A channel's clock may step. A sample more than a window behind the channel's newest accepted one, or older than the
+next window to evaluate, is late: no window to come can hold it (a new device whose clock counts from its boot sends
+only such samples). When every finite sample a channel sends is late that way (a step back), or beyond
+``max_future_s`` (a step forward past the receive clock), for ``reanchor_after_s`` of the samples' own stamps (and
 ``MIN_STEP_SAMPLES`` samples), the channel is re-anchored: its later stamps are shifted by the step, so that its
 newest one lands on the stream clock, and it rejoins the windows; until then its samples are dropped and counted
 (``late``, ``future``) as always. The stream clock itself never steps back, so snapshots, ages and events stay in
@@ -289,10 +289,12 @@ class Intake:
                 lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
                 t_ns = np.clip(t_ns, max(lo, lo - ch.offset_ns), min(hi, hi - ch.offset_ns)) + ch.offset_ns
             last = ch.buffer.last_t_ns
-            # more than a window behind the stream clock: no window to come can hold it (a device clock that counts
-            # from its boot, or set far back), so it is late even for a new channel with nothing accepted yet
-            behind_ns = max((v for v in (last, self.stream_ns) if v is not None), default=None)
-            old = np.zeros(len(t_ns), dtype=bool) if behind_ns is None else t_ns < behind_ns - self.window_ns
+            # before the next window to evaluate (or a window behind the channel's newest): no window to come can
+            # hold it (a device clock that counts from its boot), so it is late even for a new channel
+            floors = [] if last is None else [last - self.window_ns]
+            if self.next_end_tick is not None:
+                floors.append(self.next_end_tick - self.window_ns - self.resampler.max_staleness_ns)
+            old = t_ns < max(floors) if floors else np.zeros(len(t_ns), dtype=bool)
             if old.any():
                 ch.buffer.counters.late += int(old.sum())
             accepted = ch.buffer.push_many(t_ns[~old], vals[~old], max_t_ns=max_t_ns) if not old.all() else 0

@@ -149,6 +149,10 @@ class MatrixState:
             if source == SOURCE_NETWORK:
                 self.network_ns[a, b] = t_ns
 
+    def set_coverage(self, i: np.ndarray, j: np.ndarray, coverage: np.ndarray) -> None:
+        """Record the coverage of cells (i, j) and (j, i) not refreshed for lack of it (their values keep their age)."""
+        self.coverage[i, j] = self.coverage[j, i] = coverage
+
     def set_significance(self, i: np.ndarray, j: np.ndarray, dependent: np.ndarray, n_eff: np.ndarray) -> None:
         """Record the detector's verdict and the effective sample size of cells (i, j) and (j, i)."""
         for a, b in ((i, j), (j, i)):

@@ -220,6 +220,13 @@ def replay(
     covered_s = max(0.0, t_end - t0 - gap_s)
     stream_s = covered_s if not interrupted else (pushed / max(total, 1)) * covered_s
     notes = [buffer_note] if buffer_note else []
+    lone_s = (1.0 - ec.min_coverage) * ec.window_len / ec.rate_hz  # a longer gap takes its pairs under min_coverage
+    lone = [g for g in rec.channel_gaps(lone_s) if not any(a.from_ns <= g[1] and g[2] <= a.to_ns for a in gaps)]
+    if lone:
+        shown = ", ".join(f"{c!r} {a / 1e9:.3f} .. {b / 1e9:.3f} s" for c, a, b in lone[:3])
+        notes.append(f"{len(lone)} gap(s) of {lone_s:.3g} s or more in single channels, whose pairs are not estimated "
+                     f"while the gap is in their window (their cells keep their value and age): {shown}"
+                     + (f" and {len(lone) - 3} more (replay.json)" if len(lone) > 3 else ""))  # fmt: skip
     result = ReplayResult(outdir, writer.hops, writer.rows, len(writer.events), pushed, stream_s, wall_s,
                           interrupted, gaps, notes)  # fmt: skip
     info = {
@@ -245,6 +252,12 @@ def replay(
             "skipped_s": gap_s,
             "hops_skipped": sum(g.hops_skipped for g in gaps),
             "first": [{"from": g.from_ns / 1e9, "to": g.to_ns / 1e9, "hops": g.hops_skipped} for g in gaps[:LISTED]],
+        },
+        "channel_gaps": {
+            "min_s": lone_s,
+            "count": len(lone),
+            "pairs_low_coverage": engine.counters.pairs_low_coverage,
+            "first": [{"channel": c, "from": a / 1e9, "to": b / 1e9} for c, a, b in lone[:LISTED]],
         },
         "log_skipped": rec.skipped,
         "log_reordered": {"samples": sum(rec.reordered.values()), "by_channel": dict(list(rec.reordered.items())[:50])},

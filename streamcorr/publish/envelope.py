@@ -16,7 +16,7 @@ misread a message.
 | `channels`     | list of str                 | channel names in matrix order (N of them)                          |
 | `mi`           | matrix                      | MI, nats; NaN: never evaluated                                     |
 | `age_s`        | matrix                      | seconds (stream time) since the cell was refreshed; inf: never     |
-| `coverage`     | matrix                      | fraction of the window where both channels had data; NaN: never    |
+| `coverage`     | matrix                      | share of the newest window looked at with both channels; NaN: none |
 | `pairs`        | list of `[i, j, mi]` (opt.) | cells with i < j, largest MI first, after top-k / threshold        |
 | `source`       | u1 matrix (opt.)            | what `mi` holds: 0 never assessed, 1 network estimate, 2 screen    |
 | `dependent`    | u1 matrix (opt.)            | the change detector's verdict: 1 dependent, 0 not (or not yet)     |

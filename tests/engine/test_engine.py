@@ -146,3 +146,28 @@ def test_config_checks_keys_of_one_section_together():
     assert EngineConfig(channels=names, max_channels=300).max_channels == 300
     with pytest.raises(ConfigError, match="300 names but max_channels is 256: raise max_channels"):
         EngineConfig(channels=names)
+
+
+def test_a_gap_in_one_channel_shows_in_its_pairs_coverage_while_their_values_age():
+    """One of three channels falls silent for 4 s (a window is 3.2 s): its pairs' coverage falls at once with the
+    gap, their MI keeps its value and ages, and once the channel is back the pairs are estimated again."""
+    rng = np.random.default_rng(44)
+    rate, period = 20.0, 50_000_000
+    eng = Engine(EngineConfig(channels=["a", "b", "c"], rate_hz=rate, window_len=64, hop_samples=20,
+                              max_staleness_s=0.1, skip_stale_hops=False))  # fmt: skip
+    snaps = []
+    for sec in range(30):
+        t = (sec * 20 + np.arange(20, dtype=np.int64)) * period + 10**6
+        x = rng.standard_normal(20)
+        eng.push_ns("a", t, x)
+        if not 12 <= sec < 16:
+            eng.push_ns("b", t, x + 0.3 * rng.standard_normal(20))
+        eng.push_ns("c", t, rng.standard_normal(20))
+        snaps += [eng.evaluate(end)[0] for end in eng.due_windows()]
+    by_t = {round(s.t_ns / 1e9): s for s in snaps}
+    before, during, after = by_t[11], by_t[15], by_t[29]
+    assert before.coverage[0, 1] == 1.0 and before.age_s[0, 1] == 0.0 and before.mi[0, 1] > 0.5
+    assert during.coverage[0, 1] < 0.5 and during.coverage[1, 2] < 0.5 and during.coverage[0, 2] == 1.0
+    refreshed = by_t[round(15 - during.age_s[0, 1])]
+    assert during.age_s[0, 1] >= 2.0 and during.mi[0, 1] == refreshed.mi[0, 1]  # the old value, aged
+    assert after.coverage[0, 1] == 1.0 and after.age_s[0, 1] == 0.0 and after.mi[0, 1] > 0.5

@@ -78,10 +78,29 @@ def test_gaps_shorter_than_max_gap_are_evaluated_and_longer_ones_skipped(tmp_pat
     a = json.loads((tmp_path / "a" / "replay.json").read_text())
     b = json.loads((tmp_path / "b" / "replay.json").read_text())
     assert a["gaps"]["count"] == 0 and b["gaps"]["count"] == 1
+    assert a["channel_gaps"]["count"] == 0  # the whole stream paused: no channel's gap of its own
     assert b["hops"] + b["gaps"]["hops_skipped"] == a["hops"]
     ends_a = set(pq.read_table(tmp_path / "a" / "timeline.parquet")["t_ns"].to_pylist())
     ends_b = set(pq.read_table(tmp_path / "b" / "timeline.parquet")["t_ns"].to_pylist())
     assert ends_b < ends_a  # the same grid, fewer hops
+
+
+def test_a_gap_in_one_channel_is_noted_and_its_pairs_wait_for_coverage(tmp_path, capsys):
+    """One column of three is empty for 4 s of a 30-s log (a window is 6.4 s): the replay notes the gap with its
+    times (stderr and replay.json) and counts the pair evaluations it left out; the other pair is unaffected."""
+    rng = np.random.default_rng(2904)
+    t = np.arange(300) / 10
+    x = rng.standard_normal(300)
+    y = np.where((t >= 15) & (t < 19), np.nan, x + 0.5 * rng.standard_normal(300))
+    rows = [f"{a!r},{b:.6f},{'' if np.isnan(c) else f'{c:.6f}'},{d:.6f}"
+            for a, b, c, d in zip(t.tolist(), x, y, rng.standard_normal(300), strict=True)]  # fmt: skip
+    log = tmp_path / "gap.csv"
+    log.write_text("t,x,y,z\n" + "\n".join(rows) + "\n")
+    assert main(["replay", str(log), "-o", str(tmp_path / "o"), *FAST]) == 0
+    assert "1 gap(s) of 0.64 s or more in single channels" in capsys.readouterr().err
+    gaps = json.loads((tmp_path / "o" / "replay.json").read_text())["channel_gaps"]
+    assert gaps["count"] == 1 and gaps["first"][0]["channel"] == "y" and gaps["pairs_low_coverage"] > 0
+    assert 14.8 < gaps["first"][0]["from"] < 15 and 19 <= gaps["first"][0]["to"] < 19.2
 
 
 @pytest.mark.parametrize(("scale", "unit"), [(1e9, "ns"), (1e6, "us"), (1e3, "ms")])
