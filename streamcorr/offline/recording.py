@@ -76,15 +76,20 @@ class Recording:
     def channel_gaps(self, min_s: float) -> list[tuple[str, int, int]]:
         """Stretches of at least ``min_s`` (and three of its median intervals) in which one channel has no sample
         while another has, as (channel, last stamp before, first stamp after) in ns, in time order."""
-        out = []
+        names, lo, hi = [], [], []
         for name, s in self.series.items():
             dt = np.diff(s.t_ns)
             if len(dt):
                 at = np.flatnonzero(dt >= max(min_s * 1e9, 3.0 * float(np.median(dt))))
-                out += [(name, int(s.t_ns[k]), int(s.t_ns[k + 1])) for k in at.tolist()]
-        others = [(n, s.t_ns) for n, s in self.series.items()]
-        out = [g for g in out if any(n != g[0] and np.searchsorted(t, g[1], "right") < np.searchsorted(t, g[2])
-                                     for n, t in others)]  # fmt: skip
+                names += [name] * len(at)
+                lo.append(s.t_ns[at])
+                hi.append(s.t_ns[at + 1])
+        if not names:
+            return []
+        a, b = np.concatenate(lo), np.concatenate(hi)
+        every = np.sort(np.concatenate([s.t_ns for s in self.series.values()]))  # the gap's own channel has none in it
+        inside = np.searchsorted(every, b, "left") - np.searchsorted(every, a, "right")
+        out = [(names[k], int(a[k]), int(b[k])) for k in np.flatnonzero(inside > 0).tolist()]
         return sorted(out, key=lambda g: (g[1], g[0]))
 
     def skip(self, reason: str, n: int = 1) -> None:
