@@ -234,7 +234,9 @@ def _bounds(info: Any, key: str) -> str:
         if getattr(m, "min_length", None) is not None:
             parts.append(f"at least {m.min_length} item" + ("s" if m.min_length != 1 else ""))
         if getattr(m, "pattern", None) is not None:
-            parts.append(f"matches `{m.pattern}`")
+            # an entity, not a bare |, which ends a table cell (GitHub) or shows its backslash in code (MkDocs)
+            pattern = m.pattern.replace("&", "&amp;").replace("<", "&lt;").replace("|", "&#124;")
+            parts.append(f"matches <code>{pattern}</code>")
     return ", ".join(parts)
 
 

@@ -70,7 +70,8 @@ def _resolve_device(device: str) -> torch.device:
 
 def _as_array(x: object, name: str) -> np.ndarray:
     if x is None or np.iscomplexobj(x):  # type: ignore[arg-type]  # None -> NaN; complex loses its imaginary part
-        raise InputError(f"{name} must be real numbers (an array-like of float or int); got {type(x).__name__}")
+        got = "complex values" if x is not None else "None"
+        raise InputError(f"{name} must be real numbers (an array-like of float or int); got {got}")
     try:
         return np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError) as exc:
