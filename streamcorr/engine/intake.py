@@ -318,7 +318,7 @@ class Intake:
         accepted: int,
     ) -> None:
         """Follow the run of samples off the channel's clock (module docstring); re-anchor it once it is long.
-        ``old`` (per sample): more than a window behind the channel's newest stamp or the stream clock."""
+        ``old`` (per sample): more than a window behind the channel's newest stamp, or before the next window."""
         finite = np.isfinite(vals)
         if accepted:  # on its clock
             ch.step = None
