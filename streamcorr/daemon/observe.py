@@ -180,6 +180,8 @@ class DaemonMetrics(Collector):
         if engine is not None:
             ec = engine.counters
             yield GaugeMetricFamily("streamcorr_channels", "Channels in the matrix", value=len(engine.channels))
+            heard = "Channels with a buffer: in the matrix, or joining it at the next hop (the first: a window in)"
+            yield GaugeMetricFamily("streamcorr_channels_heard", heard, value=len(engine.intake.channels))
             lost = CounterMetricFamily(
                 "streamcorr_engine_dropped", "Engine outputs and pairs lost, by kind", labels=["kind"]
             )

@@ -202,7 +202,8 @@ def test_a_step_forward_past_the_receive_clock_is_reanchored(est, caplog):
 
 def test_daemon_over_zeromq_retires_churned_names_and_reanchors_a_clock_step():
     """A daemon fed over a real ZeroMQ PUSH socket: names that speak once retire (counted in /metrics), and after
-    the sender's clock steps back an hour every channel is re-anchored and snapshots keep advancing."""
+    the sender's clock steps back an hour every channel is re-anchored and snapshots keep advancing; before the
+    first window is full the channels heard are counted, though none is in the matrix yet."""
     p_in = free_port()
     cfg = parse_config({
         "version": 1,
@@ -233,6 +234,13 @@ def test_daemon_over_zeromq_retires_churned_names_and_reanchors_a_clock_step():
                 chans[f"once{sec}"] = rng.standard_normal(10).tolist()
             push.send_multipart([b"rig", msgpack.packb({"t": t.tolist(), "channels": chans})])
             await asyncio.sleep(0.05)
+            if sec == 3:  # before the first window is full: heard, not yet in the matrix
+                early_url = f"{daemon.http_url}/metrics"
+                early = await asyncio.to_thread(
+                    lambda u=early_url: urllib.request.urlopen(u, timeout=10).read().decode()
+                )
+                assert re.search(r"^streamcorr_channels 0\.0$", early, re.M), early
+                assert float(re.search(r"^streamcorr_channels_heard (\S+)$", early, re.M).group(1)) >= 2
             latest = daemon.engine_or_none.latest if daemon.engine_or_none else None
             if latest is not None:
                 seen.append(latest.t_ns)
