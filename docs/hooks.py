@@ -586,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write each docs/ page's generated blocks (``--check``: list the pages out of date, exit 1 if any)."""
     import sys
 
+    sys.path.insert(0, str(REPO))  # this checkout's package, whatever else is installed
     check = "--check" in (sys.argv[1:] if argv is None else argv)
     stale = []
     for page in sorted((REPO / "docs").glob("*.md")):
