@@ -225,14 +225,16 @@ def _matrix(args: argparse.Namespace) -> int:
         short = [f"{names[a]}~{names[b]}" for a, b in zip(i[~ok], j[~ok], strict=True)]
         print(f"note: fewer than {MIN_ROWS} rows with both values, shown as '-': {_list(short, 10)}"
               f"{_ALIGN_HINT.format(args.file)}", file=sys.stderr)  # fmt: skip
-    if ok.any():
-        mi[i[ok], j[ok]] = mi[j[ok], i[ok]] = Estimator(nonfinite="drop").estimate_batch(data[i[ok]], data[j[ok]])
+    if not ok.any():  # as `estimate` on the same data: an error, not an empty matrix
+        raise StreamcorrError(f"{args.file}: no pair of columns has {MIN_ROWS} rows with both values"
+                              f"{_ALIGN_HINT.format(args.file)}")  # fmt: skip
+    mi[i[ok], j[ok]] = mi[j[ok], i[ok]] = Estimator(nonfinite="drop").estimate_batch(data[i[ok]], data[j[ok]])
     width = max(8, *(len(n) for n in names))
     print(f"MI (nats) between columns of {args.file}, rows {start}..{stop - 1}\n")
     print(" " * width + "".join(f"{n[:width]:>{width + 1}}" for n in names))
     for n, row in zip(names, mi, strict=True):
         print(f"{n:<{width}}" + "".join(f"{'-' if np.isnan(v) else f'{v:.3f}':>{width + 1}}" for v in row))
-    if not args.no_png and ok.any():
+    if not args.no_png:
         png = args.png or str(Path(args.file).with_suffix("")) + "_mi.png"
         _heatmap_png(mi, names, png, f"MI (nats): {Path(args.file).name}")
         print(f"\nheatmap written to {png}")

@@ -164,8 +164,8 @@ def test_csv_mistakes_get_clear_messages(tmp_path, capsys):
 
 
 def test_a_wide_log_of_columns_on_their_own_times_points_to_replay(tmp_path, capsys):
-    """Two columns stamped at interleaved times share no row: `estimate` and `matrix` say so and name `streamcorr
-    replay`, which aligns them; `matrix` writes no heatmap of empty cells."""
+    """Two columns stamped at interleaved times share no row: `estimate` and `matrix` exit 2 saying so and name
+    `streamcorr replay`, which aligns them; `matrix` writes no heatmap of empty cells."""
     rng = np.random.default_rng(16)
     rows = [line for k in range(200) for line in (f"{k / 100:.3f},{rng.standard_normal():.4f},",
                                                    f"{k / 100 + 0.003:.3f},,{rng.standard_normal():.4f}")]  # fmt: skip
@@ -174,7 +174,7 @@ def test_a_wide_log_of_columns_on_their_own_times_points_to_replay(tmp_path, cap
     rc, text = _run_cli(["estimate", str(path), "a", "b"], capsys)
     assert rc == 2 and f"`streamcorr replay {path}` aligns them" in text
     rc, text = _run_cli(["matrix", str(path)], capsys)
-    assert rc == 0 and f"`streamcorr replay {path}` aligns them" in text and "heatmap written" not in text
+    assert rc == 2 and f"`streamcorr replay {path}` aligns them" in text and "heatmap written" not in text
     assert not (tmp_path / "wide_mi.png").exists()
 
 
