@@ -5,8 +5,9 @@ Policy for each channel's timestamps (nanoseconds, int64):
   is dropped and counted: ``late`` if earlier, ``duplicate`` if equal;
 - a non-finite value (NaN, inf) is dropped and counted as ``nonfinite``;
 - a sample later than ``max_t_ns`` (when the caller gives one: the engine's receive
-  clock plus ``max_future_s``) is dropped and counted as ``future``; like the two
-  above, it does not raise the bound later samples must pass;
+  clock plus ``max_future_s``) is dropped and counted as ``future``, and one earlier
+  than ``min_t_ns`` (the engine's: no window to come can hold it) as ``late``; like
+  the two above, neither raises the bound later samples must pass;
 - when the buffer is full the oldest sample is overwritten (``overwritten``):
   memory per channel is fixed at construction.
 
@@ -103,8 +104,11 @@ class RingBuffer:
         self.counters.accepted += 1
         return True
 
-    def push_many(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
-        """Append samples in order, refusing those later than max_t_ns (if given); returns how many were accepted."""
+    def push_many(
+        self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None, min_t_ns: int | None = None
+    ) -> int:
+        """Append samples in order, refusing those later than max_t_ns or earlier than min_t_ns (if given); returns
+        how many were accepted."""
         t_ns = np.asarray(t_ns, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
         if t_ns.shape != values.shape or t_ns.ndim != 1:
@@ -112,17 +116,23 @@ class RingBuffer:
         if t_ns.size == 0:
             return 0
         with self._lock:
-            return self._push_arrays(t_ns, values, max_t_ns)
+            return self._push_arrays(t_ns, values, max_t_ns, min_t_ns)
 
-    def _push_arrays(self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None) -> int:
+    def _push_arrays(
+        self, t_ns: np.ndarray, values: np.ndarray, max_t_ns: int | None = None, min_t_ns: int | None = None
+    ) -> int:
         finite = np.isfinite(values)
         cand = finite if max_t_ns is None else finite & (t_ns <= max_t_ns)  # candidates: finite, not too far ahead
+        self.counters.future += int((finite & ~cand).sum())
+        if min_t_ns is not None:  # ... nor too far behind
+            old = cand & (t_ns < min_t_ns)
+            self.counters.late += int(old.sum())
+            cand &= ~old
         # A sample is accepted iff it is later than every earlier candidate (a rejected one never raises that bound).
         floor = np.iinfo(np.int64).min if self.last_t_ns is None else self.last_t_ns
         bound = np.maximum.accumulate(np.concatenate(([floor], np.where(cand, t_ns, floor)[:-1])))
         ok = cand & (t_ns > bound)
         self.counters.nonfinite += int((~finite).sum())
-        self.counters.future += int((finite & ~cand).sum())
         self.counters.duplicate += int((cand & (t_ns == bound)).sum())
         self.counters.late += int((cand & (t_ns < bound)).sum())
         n = int(ok.sum())

@@ -294,10 +294,9 @@ class Intake:
             floors = [] if last is None else [last - self.window_ns]
             if self.next_end_tick is not None:
                 floors.append(self.next_end_tick - self.window_ns - self.resampler.max_staleness_ns)
-            old = t_ns < max(floors) if floors else np.zeros(len(t_ns), dtype=bool)
-            if old.any():
-                ch.buffer.counters.late += int(old.sum())
-            accepted = ch.buffer.push_many(t_ns[~old], vals[~old], max_t_ns=max_t_ns) if not old.all() else 0
+            min_t_ns = max(floors, default=None)
+            accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns, min_t_ns=min_t_ns)
+            old = np.zeros(len(t_ns), dtype=bool) if min_t_ns is None else t_ns < min_t_ns
             if self.reanchor_ns is not None:
                 self._watch_clock(ch, t_ns, vals, old, now_ns, max_t_ns, accepted)
             if accepted:

@@ -139,3 +139,17 @@ def test_fresh_marks_ticks_that_repeat_a_sample():
     values, fresh = rs.window_fresh([slow, gone], end_ns=39 * 50_000_000, n=100)
     assert fresh[0, 1:].sum() == 20 and (np.diff(values[0])[~fresh[0][1:]] == 0).all()  # the first row counts
     assert not fresh[1].any()
+
+
+def test_push_many_refuses_samples_outside_its_bounds_without_moving_the_bound():
+    """Samples earlier than min_t_ns count as late and later than max_t_ns as future; neither raises the bound
+    the samples after them must pass, and the rest are accepted in order."""
+    np.random.default_rng(91)  # nothing random here; seeded by convention
+    buf = RingBuffer(16)
+    t = np.array([5, 10, 20, 95, 30, 200, 40], dtype=np.int64)
+    # 5 and 10 before min_t_ns, 200 after max_t_ns; 30 and 40 come after the accepted 95
+    assert buf.push_many(t, np.arange(7.0), max_t_ns=100, min_t_ns=15) == 2
+    c = buf.counters
+    assert (c.accepted, c.late, c.future, c.duplicate) == (2, 4, 1, 0) and buf.last_t_ns == 95
+    assert buf.push_many(np.array([12, 96], dtype=np.int64), np.zeros(2), min_t_ns=15) == 1  # 12: late again
+    assert buf.last_t_ns == 96 and buf.counters.late == 5
