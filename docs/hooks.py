@@ -26,6 +26,7 @@ expanded pages.
 from __future__ import annotations
 
 import ast
+import html
 import importlib
 import inspect
 import io
@@ -235,7 +236,7 @@ def _bounds(info: Any, key: str) -> str:
             parts.append(f"at least {m.min_length} item" + ("s" if m.min_length != 1 else ""))
         if getattr(m, "pattern", None) is not None:
             # an entity, not a bare |, which ends a table cell (GitHub) or shows its backslash in code (MkDocs)
-            pattern = m.pattern.replace("&", "&amp;").replace("<", "&lt;").replace("|", "&#124;")
+            pattern = html.escape(m.pattern, quote=False).replace("|", "&#124;")
             parts.append(f"matches <code>{pattern}</code>")
     return ", ".join(parts)
 
