@@ -181,6 +181,7 @@ def _report(args: argparse.Namespace) -> int:
     from ..offline.report import write_report
 
     out = Path(args.output or Path(args.outdir) / "report.html")
-    write_report(args.outdir, out, top=args.top, at=args.at)
+    for note in write_report(args.outdir, out, top=args.top, at=args.at):
+        print(f"note: {note}", file=sys.stderr)
     print(f"report written to {out}")
     return 0

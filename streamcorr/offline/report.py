@@ -59,23 +59,26 @@ def _color(x: float, vmax: float) -> str:
     return "#000004"
 
 
-def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[float] | None = None) -> None:
-    """Write the report (see the module docstring) of the replay in ``outdir`` to ``out``."""
+def write_report(outdir: str | Path, out: str | Path, *, top: int = 8, at: list[float] | None = None) -> list[str]:
+    """Write the report (see the module docstring) of the replay in ``outdir`` to ``out``; returns notes on the
+    request (a time in ``at`` outside the replay, shown at its nearest hop)."""
     d = Path(outdir)
     info, cols, events, tables = load_output(d)
+    notes: list[str] = []
     try:
-        page = _page(d, info, cols, events, tables, top, at)
+        page = _page(d, info, cols, events, tables, top, at, notes)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # what load_output let by
         raise InputError(f"cannot draw the replay output in {d}: {type(exc).__name__}: {str(exc)[:200]}") from None
     try:
         write_file(out, page.encode("utf-8"))
     except OSError as exc:
         raise InputError(f"cannot write {out}: {exc.strerror or exc} (-o FILE)") from None
+    return notes
 
 
 def _page(
     d: Path, info: dict[str, Any], cols: dict[str, np.ndarray], events: list[dict[str, Any]], tables: dict[str, Any],
-    top: int, at: list[float] | None,
+    top: int, at: list[float] | None, notes: list[str],
 ) -> str:  # fmt: skip
     t_ns, mi, dep, n_eff = cols["t_ns"], cols["mi"].astype(float), cols["dependent"], cols["n_eff"]
     pair_of, pairs = cols["pair"], [str(p) for p in cols["pairs"]]  # (rows,) index into the labels "a\x1fb"
@@ -96,7 +99,7 @@ def _page(
     vmax = float(np.nanmax(np.where(np.isfinite(mi), mi, np.nan))) if np.isfinite(mi).any() else 1.0
     vmax = max(vmax, 0.2)
 
-    instants = _instants(hops, at, t0)
+    instants = _instants(hops, at, t0, notes)
     parts = [_header(info, d, len(hops), len(events), len(pairs))]
     parts.append("<h2>Matrix at chosen instants</h2><div class='row'>")
     for tk in instants:
@@ -142,15 +145,22 @@ def _page(
     return page.replace("{{body}}", "\n".join(parts))
 
 
-def _instants(hops: np.ndarray, at: list[float] | None, t0: float) -> list[int]:
-    """Hop times (ns) nearest to the requested stream times; seconds below the log's start count from it."""
+def _instants(hops: np.ndarray, at: list[float] | None, t0: float, notes: list[str]) -> list[int]:
+    """Hop times (ns) nearest to the requested stream times; seconds below the log's start count from it. A time
+    outside the replay's hops adds a note."""
     if not at:
         idx = np.unique(np.linspace(0, len(hops) - 1, min(4, len(hops))).round().astype(int))
         return [int(hops[k]) for k in idx]
     out = []
     for s in at:
         t = (s + t0 if s < t0 else s) * 1e9
-        out.append(int(hops[int(np.argmin(np.abs(hops.astype(np.float64) - t)))]))
+        near = int(hops[int(np.argmin(np.abs(hops.astype(np.float64) - t)))])
+        if not hops[0] <= t <= hops[-1]:
+            notes.append(
+                f"--at {s:g} is outside the replay's hops ({hops[0] / 1e9 - t0:.1f} to "
+                f"{hops[-1] / 1e9 - t0:.1f} s from its start): the matrix shown is at {near / 1e9 - t0:.1f} s"
+            )
+        out.append(near)
     return list(dict.fromkeys(out))
 
 

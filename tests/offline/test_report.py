@@ -97,6 +97,20 @@ def test_an_event_onset_is_marked_on_its_pair_and_listed(tmp_path):
     assert re.search(r"<td>\d+\.\d</td><td>fast</td>", page) and "<td></td><td>window</td>" in page
 
 
+def test_a_time_outside_the_replay_is_shown_at_its_nearest_hop_and_says_so(tmp_path, capsys):
+    """``streamcorr report --at`` with a time past the replay's end draws the last hop's matrix and prints a note
+    naming the replay's span; a time inside it gives no note."""
+    from streamcorr.cli import main
+
+    _replay_output(tmp_path / "out", np.random.default_rng(56), minutes=2.0)
+    assert main(["report", str(tmp_path / "out"), "--at", "30", "500"]) == 0
+    err = capsys.readouterr().err
+    assert "--at 500 is outside the replay's hops (10.0 to 120.0 s from its start)" in err
+    assert "the matrix shown is at 120.0 s" in err and "--at 30 " not in err
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "t = 30.0 s" in page and "t = 120.0 s" in page
+
+
 def test_heatmap_cells_have_hover_text_with_names_and_value_escaped(tmp_path):
     """Every matrix cell has a title naming its pair and MI; every lookup-table cell has an SVG <title> with
     both channels' ranks and theta; the hostile name appears only escaped."""
