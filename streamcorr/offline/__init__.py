@@ -1,7 +1,7 @@
 """Recorded logs: ``logs`` opens CSV, Parquet, MCAP and ROS bags (``log_tables`` is the one table reader,
 ``log_messages`` the message logs, ``recording`` the series they yield); ``replay`` runs them through the engine;
-``report`` and ``report_input`` draw a replay's or recording's output as a self-contained HTML page; ``outfiles``
-writes output files atomically.
+``report`` (with ``report_input`` and ``report_theta``) draws a replay's or recording's output as a self-contained
+HTML page; ``outfiles`` writes output files atomically.
 """
 
 from __future__ import annotations

@@ -21,11 +21,8 @@ without the ``dependent`` / ``n_eff`` columns (written before they existed) is d
 
 from __future__ import annotations
 
-import base64
 import html
 import itertools
-import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,7 @@ import numpy as np
 from ..errors import InputError
 from .outfiles import write_file
 from .report_input import load_output
+from .report_theta import table_figure
 
 __all__ = ["time_ticks", "write_report"]
 
@@ -139,7 +137,7 @@ def _page(
                      "columns b's; dark is where the pair's values occur together more often than under "
                      "independence.</p><div class='row'>")  # fmt: skip
         for tb in tables["pairs"]:
-            parts.append(_table_svg(tb))
+            parts.append(table_figure(tb))
         parts.append("</div>")
     page = _PAGE.replace("{{title}}", html.escape(f"streamcorr report: {Path(str(info.get('log', d))).name}"))
     return page.replace("{{body}}", "\n".join(parts))
@@ -402,46 +400,6 @@ def _lag_move(e: dict[str, Any]) -> str:
     """A lag shift in words: "+100 -> +300 ms (b follows a by 300 ms)"."""
     before = "?" if e.get("previous_lag_s") is None else f"{e['previous_lag_s'] * 1e3:+.0f}"
     return f"{before} -> {e['lag_s'] * 1e3:+.0f} ms ({_lead(e['a'], e['b'], e['lag_s'])})"
-
-
-def _png_data_uri(rgb: np.ndarray) -> str:
-    """A (H, W, 3) uint8 image as an inline PNG (data: URI): zlib and the PNG chunk layout, no image library."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\x00" + rgb[r].tobytes() for r in range(h))  # filter byte 0 per scanline
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-    png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def _table_svg(tb: dict[str, Any]) -> str:
-    theta = np.asarray(tb["table"], dtype=float)[::-1]  # (G, G); image rows top-down: a's rank upwards
-    lim = max(float(np.abs(theta).max()), 1e-9)
-    v = theta / lim  # -1 .. 1: blue where the pair occurs less often than under independence, red more
-    pos, neg = np.clip(v, 0, 1), np.clip(-v, 0, 1)
-    rgb = np.stack([255 - 60 * pos - 200 * neg, 255 - 210 * pos - 120 * neg, 255 - 200 * pos - 40 * neg], axis=-1)
-    uri = _png_data_uri(np.clip(rgb, 0, 255).astype(np.uint8))
-    name = _esc(f"{tb['a']} ~ {tb['b']}")
-    return (
-        f"<figure class='theta'><figcaption>{name}<br><span class='note'>MI {tb['mi']:.3f} nats; "
-        f"&theta; in &plusmn;{lim:.2f}</span></figcaption><div class='cells'><img src='{uri}' width='180' "
-        f"height='180' alt='lookup table {name}'>{_table_hover(theta, str(tb['a']), str(tb['b']))}</div></figure>"
-    )
-
-
-def _table_hover(theta: np.ndarray, a: str, b: str) -> str:
-    """An SVG over the table's image with one transparent cell per node whose <title> (the hover text) gives both
-    channels' ranks there and theta; ``theta`` (G, G) as drawn, a's rank upwards."""
-    g = theta.shape[0]
-    ranks = np.linspace(0.0, 1.0, g)  # the table's nodes
-    sa, sb = _esc(a if len(a) <= 24 else a[:23] + "\u2026"), _esc(b if len(b) <= 24 else b[:23] + "\u2026")
-    cells = "".join(f"<rect x='{c}' y='{r}' width='1' height='1'><title>{sa} rank {ranks[g - 1 - r]:.2f}, {sb} rank "
-                    f"{ranks[c]:.2f}: &theta; {theta[r, c]:+.3f}</title></rect>"
-                    for r in range(g) for c in range(g))  # fmt: skip
-    return f"<svg class='hover' viewBox='0 0 {g} {g}' width='180' height='180' preserveAspectRatio='none'>{cells}</svg>"
 
 
 _PAGE = """<!doctype html>
