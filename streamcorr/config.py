@@ -228,7 +228,7 @@ class EstimatorConfig(_Strict):
     # None: torch.compile on CUDA, "aot" on a CPU (bench.gpu_path, bench.cpu_path)
     compile: bool | Literal["aot"] | None = None
     batch_size: int = Field(128, ge=1, le=65_536)  # pairs per network call
-    threads: int | None = Field(None, ge=1)  # torch threads for the network; None: torch's default
+    threads: int | None = Field(None, ge=1)  # threads of the network and the rank kernels; None: all cores
     weights: str | None = None  # a shipped model (infonet-v1, infonet-v2) or a .safetensors path; None: infonet-v2
     # estimates above 1.5 nats refined by the chain rule over quantile slabs (windows >= 512; Estimator docstring)
     refine_high_mi: bool = True

@@ -3,25 +3,23 @@
 Each hop runs in a worker thread through the stages of :meth:`Engine.evaluate`; snapshots and events go to
 async subscribers through bounded queues (oldest dropped, drops counted).
 
-Stream time is the newest timestamp pushed, so simulated and replayed data run
-as fast as they arrive. A hop is evaluated once stream time passes its end plus
-``max_staleness_s``, so late-but-allowed samples are in before the window closes.
+Stream time is the newest timestamp pushed, so simulated and replayed data run as fast as they arrive. A hop is
+evaluated once stream time passes its end plus ``max_staleness_s``, so late-but-allowed samples are in before the
+window closes.
 
 What one sender can do is bounded (the engine is the door for library users too):
 
-* a sample stamped more than ``max_future_s`` ahead of the receive clock (the wall
-  clock at ``push``) is refused and counted (``future``); and stream time never
-  moves past the receive clock, so a sample a little ahead on one channel cannot
-  end windows early for the others;
+* a sample stamped more than ``max_future_s`` ahead of the receive clock (the wall clock at ``push``) is refused
+  and counted (``future``); and stream time never moves past the receive clock, so a sample a little ahead on one
+  channel cannot end windows early for the others;
 * a channel name must follow the rule of :mod:`streamcorr.names` (``bad_name``);
 * at most ``max_channels`` channels exist (the configured ones first, always);
   samples for further new names are refused and counted (``channel_limit``), and
   new channels join the matrix once per hop, in one step; auto-added channels silent
   for ``retire_after_s`` leave it the same way, so churn cannot grow memory or hops
   (:mod:`streamcorr.engine.intake`, which also re-anchors a channel whose clock stepped);
-* pairs among configured channels are evaluated every hop (within
-  ``max_pairs_per_hop``); pairs involving auto-added channels get at most
-  ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
+* pairs among configured channels are evaluated every hop (within ``max_pairs_per_hop``); pairs involving
+  auto-added channels get at most ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
   the configured ones;
 * ``stop(timeout_s)`` returns within about ``timeout_s``: a hop in progress ends
   at its next model batch.
@@ -41,6 +39,7 @@ import numpy as np
 
 from ..cache import cache_dir
 from ..compute.local import LocalEvaluator, PairEvaluator, stoppable
+from ..estimate.copula import set_kernel_threads
 from ..estimate.estimator import Estimator
 from ..estimate.significance import (
     N_FEATURES,
@@ -122,7 +121,8 @@ class Engine:
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
         self._scheduler = Scheduler(self._pairs, 1)
         self._sync_channels()
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="streamcorr-hop")
+        pool = concurrent.futures.ThreadPoolExecutor  # the hop thread's kernels: as many threads as the estimator's
+        self._executor = pool(1, "streamcorr-hop", set_kernel_threads, (self.est.threads,))
         self._hop: concurrent.futures.Future[tuple[Snapshot, list[ChangeEvent]]] | None = None  # in the thread
         self._task: asyncio.Task[None] | None = None
         self.fanout = Fanout(self.counters, config.queue_size)  # subscribers' bounded queues

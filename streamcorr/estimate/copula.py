@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -47,7 +48,15 @@ __all__ = [
     "pair_histograms",
     "quantile_slabs",
     "rank_transform",
+    "set_kernel_threads",
 ]
+
+
+def set_kernel_threads(threads: int | None) -> None:
+    """Threads of the rank kernels called from this thread (Numba counts them per calling thread; None: all).
+    Fewer than the cores keeps a busy machine's other work from stalling every parallel loop."""
+    if threads is not None:
+        numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
 
 
 Ties = Literal["mid", "jitter"]

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import InputError
 from .aot import AotForward, aot_enabled
-from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform
+from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform, set_kernel_threads
 from .model import InfoNet, dv_readout
 from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
 from .significance import prewhiten
@@ -122,6 +122,8 @@ class Estimator:
             if threads < 1:
                 raise InputError(f"threads must be >= 1; got {threads}")
             torch.set_num_threads(threads)
+        set_kernel_threads(threads)  # and for the rank kernels: this thread's (an engine's hop thread sets its own)
+        self.threads = threads
         self.device = _resolve_device(device)
         if self.device.type == "cpu":
             _tune_allocator()
