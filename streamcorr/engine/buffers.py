@@ -9,7 +9,8 @@ Policy for each channel's timestamps (nanoseconds, int64):
   than ``min_t_ns`` (the engine's: no window to come can hold it) as ``late``; like
   the two above, neither raises the bound later samples must pass;
 - when the buffer is full the oldest sample is overwritten (``overwritten``):
-  memory per channel is fixed at construction.
+  memory per channel is fixed at construction, unless its owner grows it
+  (``grow``: the engine does, within a bound, for a channel faster than its clock).
 
 Alignment onto a common clock (``Resampler``): at each tick the channel's value
 is its newest sample before the next half-tick (a sample stamped less than half
@@ -151,6 +152,20 @@ class RingBuffer:
         self._size = min(self.capacity, self._size + n)
         self.last_t_ns = int(t_ok[-1])
         return n
+
+    def oldest_t_ns(self) -> int | None:
+        with self._lock:
+            return None if self._size == 0 else int(self._t[(self._head - self._size) % self.capacity])
+
+    def grow(self, capacity: int) -> None:
+        """A larger buffer holding every sample held now (a smaller capacity changes nothing)."""
+        with self._lock:
+            if capacity <= self.capacity:
+                return
+            order = self._order()
+            t, v = np.zeros(capacity, dtype=np.int64), np.zeros(capacity, dtype=np.float64)
+            t[: self._size], v[: self._size] = self._t[order], self._v[order]
+            self._t, self._v, self._head, self.capacity = t, v, self._size % capacity, capacity
 
     def _order(self) -> np.ndarray:
         start = (self._head - self._size) % self.capacity

@@ -46,6 +46,8 @@ log = logging.getLogger("streamcorr.engine.core")
 __all__ = ["Channel", "ClockStep", "EngineCounters", "Intake"]
 
 MIN_STEP_SAMPLES = 8  # off-clock samples a re-anchor needs besides reanchor_after_s of their stamps
+MAX_GROWTH = 16  # a channel's buffer grows to at most this many times the default capacity ...
+GROWTH_BYTES = 256 << 20  # ... and all buffers' growth together to at most this (16 bytes a sample)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class Channel:
         self.offset_ns = 0  # added to every stamp: nonzero once the channel's clock stepped and was re-anchored
         self.step: ClockStep | None = None  # the current run of off-clock samples
         self.born_ns = born_ns  # stream time when it was added: its age while it has no accepted sample
+        self.capped = False  # its buffer could not grow to hold a window (logged once)
 
     def rank(self, values: np.ndarray, end_tick: int, period_ns: int, ties: Ties) -> np.ndarray | None:
         """Copula values (N,) of a fully valid window ending at ``end_tick``, updated incrementally when the previous
@@ -130,6 +133,11 @@ class Intake:
         self._log = RateLimitedLog(log)
         self.resampler = Resampler(cfg.rate_hz, cfg.max_staleness_s)
         self.capacity = cfg.buffer_len or 2 * (cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples)
+        # what a buffer must span; a channel faster than the clock needs more samples for it than the capacity
+        # holds, so its buffer doubles while it does not (up to MAX_GROWTH x, GROWTH_BYTES for all; not when the
+        # configuration sets buffer_len): otherwise its pairs would see part of each window and never be estimated
+        self.span_ns = (cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples) * self.resampler.period_ns
+        self.grown_bytes = 0
         self.channels: dict[str, Channel] = {}  # insertion order is matrix order
         self.stream_ns: int | None = None  # newest accepted timestamp (never past the receive clock)
         self.next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
@@ -184,6 +192,7 @@ class Intake:
                 if name in configured or heard is None or now_ns - heard <= self.retire_ns:
                     continue
                 del self.channels[name]
+                self.grown_bytes -= 16 * max(0, ch.buffer.capacity - self.capacity)
                 for f in dataclasses.fields(ChannelCounters):
                     setattr(self.retired, f.name, getattr(self.retired, f.name) + getattr(ch.buffer.counters, f.name))
                 gone.append(name)
@@ -295,6 +304,8 @@ class Intake:
             if self.next_end_tick is not None:
                 floors.append(self.next_end_tick - self.window_ns - self.resampler.max_staleness_ns)
             min_t_ns = max(floors, default=None)
+            if len(ch.buffer) + len(t_ns) > ch.buffer.capacity and self.cfg.buffer_len is None:
+                self._grow(ch, int(t_ns[-1]))
             accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns, min_t_ns=min_t_ns)
             old = np.zeros(len(t_ns), dtype=bool) if min_t_ns is None else t_ns < min_t_ns
             if self.reanchor_ns is not None:
@@ -305,6 +316,23 @@ class Intake:
                     newest = min(newest, now_ns)
                 self._advance(newest, int(t_ns[0]))
         return accepted
+
+    def _grow(self, ch: Channel, newest_ns: int) -> None:
+        """Double a full channel buffer that spans less than a window needs, within the bounds (see __init__)."""
+        buf = ch.buffer
+        oldest = buf.oldest_t_ns()
+        if oldest is None or newest_ns - oldest >= self.span_ns + self.resampler.max_staleness_ns:
+            return
+        more = min(buf.capacity, MAX_GROWTH * self.capacity - buf.capacity)
+        if more <= 0 or self.grown_bytes + 16 * more > GROWTH_BYTES:
+            if not ch.capped:
+                ch.capped = True
+                self._log.each(logging.WARNING, "buffer_cap", "channel %.80r samples faster than its buffer (%d "
+                               "samples) can hold a window: the oldest samples of its windows are overwritten "
+                               "(counted; buffer_len sets the capacity)", ch.name, buf.capacity)  # fmt: skip
+            return
+        buf.grow(buf.capacity + more)
+        self.grown_bytes += 16 * more
 
     def _watch_clock(
         self,

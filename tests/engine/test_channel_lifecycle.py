@@ -15,6 +15,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from scipy.signal import lfilter
 
 from streamcorr.config import parse_config
 from streamcorr.daemon.service import Daemon
@@ -260,3 +261,38 @@ def test_daemon_over_zeromq_retires_churned_names_and_reanchors_a_clock_step():
     assert max(seen) > 1000e9 + 55e9, (max(seen) - 1000e9) / 1e9  # snapshots went on past the step (at 40 s)
     engine = daemon.engine_or_none
     assert engine is not None and set(engine.channels) == {"a", "b"}
+
+
+def test_a_channel_faster_than_the_clock_gets_a_buffer_that_holds_its_windows(est, caplog):
+    """A 16x-faster channel (320 Hz on a 20 Hz clock, smooth, with jitter) beside one on the clock: its buffer grows
+    until it spans a window, so the pair is estimated at full coverage and found dependent; a flood of samples
+    nanoseconds apart grows its buffer only to the bound, and says so once in the log."""
+    rng = np.random.default_rng(19)
+    eng = _engine(est)
+    base = 1_700_000_000 * 10**9
+    fast_hz = 16 * RATE
+    snaps = []
+    with caplog.at_level(logging.WARNING, logger="streamcorr"):
+        for sec in range(12):
+            t_fast = (
+                base
+                + sec * 10**9
+                + np.arange(int(fast_hz)) * round(1e9 / fast_hz)
+                + rng.integers(0, 10**5, int(fast_hz))
+            )
+            x = lfilter([1.0], [1.0, -0.95], rng.standard_normal(len(t_fast)))  # a 60-ms time constant
+            t = _second(sec, base)
+            held = x[np.searchsorted(t_fast, t, side="right") - 1]
+            eng.push_ns("imu", t_fast, x)
+            eng.push_ns("slow", t, held + 0.2 * rng.standard_normal(len(t)))
+            snaps += _hops(eng)
+        grown = eng.intake.channels["imu"].buffer.capacity
+        assert eng.intake.channels["slow"].buffer.capacity == eng.intake.capacity
+        assert eng.intake.capacity < WINDOW * 16 <= grown <= 16 * eng.intake.capacity
+        assert snaps[-1].coverage[0, 1] == 1.0 and snaps[-1].mi[0, 1] > 0.3 and snaps[-1].dependent[0, 1]
+        flood = base + 12 * 10**9 + np.arange(200_000)  # 1 ns apart
+        for k in range(0, len(flood), 20_000):
+            eng.push_ns("imu", flood[k : k + 20_000], rng.standard_normal(20_000))
+    assert eng.intake.channels["imu"].buffer.capacity <= 16 * eng.intake.capacity
+    lines = [r.getMessage() for r in caplog.records if "faster than its buffer" in r.getMessage()]
+    assert len(lines) == 1 and "'imu'" in lines[0], lines
