@@ -184,7 +184,7 @@ def test_subscriber_block_prints_snapshots_then_the_timeout(private_broker):
 def test_envelope_decoding_block_reads_real_envelopes():
     """The README's decoder, given streamcorr's own snapshot and event envelopes as ``payload``, recovers the
     MI matrix and the verdicts, and prints the event."""
-    from streamcorr.publish.envelope import encode_event, encode_snapshot
+    from streamcorr.publish.envelope import encode_event, encode_snapshot, encode_status
 
     rng = np.random.default_rng(63)
     (block,) = [b for b in _of(("python",)) if "msgpack.unpackb(payload" in b.code]
@@ -199,6 +199,12 @@ def test_envelope_decoding_block_reads_real_envelopes():
     scope = {"payload": encode_event(ev, seq=4), "print": lambda *a: printed.append(" ".join(map(str, a)))}
     exec(compile(block.code, str(block), "exec"), scope)
     assert printed and ev.pair[0] in printed[0] and ev.kind in printed[0], printed
+    # what a client subscribed to {prefix}/# also receives: pairs-only snapshots and status messages
+    printed.clear()
+    scope = {"payload": encode_snapshot(snap, seq=5, top_k=2, pairs_only=True), "print": scope["print"]}
+    exec(compile(block.code, str(block), "exec"), scope)
+    assert len(printed) == 2 and "mi" not in scope, printed
+    exec(compile(block.code, str(block), "exec"), {"payload": encode_status("online", {"hops": 1}, seq=6)})
 
 
 # -- shell -------------------------------------------------------------------------------------------------------

@@ -54,9 +54,10 @@ Decoding without streamcorr (Python here; any language with msgpack and a float3
     m = msgpack.unpackb(payload, raw=False)
     assert m["v"] == 1, "unknown envelope version"
     if m["kind"] == "snapshot":
-        mi = np.frombuffer(m["mi"]["data"], dtype=m["mi"]["dtype"]).reshape(m["mi"]["shape"])
         for i, j, value in m.get("pairs", []):
             print(m["channels"][i], m["channels"][j], value)
+    if m["kind"] == "snapshot" and "mi" in m:  # the {prefix}/pairs topic's snapshots carry pairs only
+        mi = np.frombuffer(m["mi"]["data"], dtype=m["mi"]["dtype"]).reshape(m["mi"]["shape"])
         if "dependent" in m:  # optional: 0/1 per cell
             dependent = np.frombuffer(m["dependent"]["data"], dtype=np.uint8).reshape(mi.shape).astype(bool)
     elif m["kind"] == "event":
@@ -235,13 +236,9 @@ def _matrix(a: np.ndarray, n: int, dtype: str = _MATRIX_DTYPE) -> dict[str, Any]
 
 
 def encode_snapshot(
-    snap: Snapshot,
-    *,
-    seq: int | None = None,
-    top_k: int | None = None,
-    threshold: float | None = None,
+    snap: Snapshot, *, seq: int | None = None, top_k: int | None = None, threshold: float | None = None,
     pairs_only: bool = False,
-) -> bytes:
+) -> bytes:  # fmt: skip
     """The envelope of a snapshot; ``seq`` defaults to the snapshot's own. With ``top_k`` and/or
     ``threshold`` a ``pairs`` list is added; ``pairs_only`` leaves the matrices out."""
     check_pair_selection(top_k, threshold)
