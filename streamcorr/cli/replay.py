@@ -42,8 +42,9 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--screening", choices=["on", "off"],
                     help="on: the cheap screen picks the network's pairs each hop (faster); off (default, and what "
                     "the config's 'auto' means in a replay): the network on every selected pair")  # fmt: skip
-    rp.add_argument("--threads", type=int, help="torch threads of the model (default: config's estimator.threads, "
-                    "else torch's; 1 is often fastest on a machine busy with other work)")  # fmt: skip
+    rp.add_argument("--threads", type=int, help="threads of the model and the rank kernels (default: config's "
+                    "estimator.threads, else all cores; 1 is often fastest on a machine busy with other "
+                    "work)")  # fmt: skip
     rp.add_argument("--max-gap-s", type=float, help="a longer stretch without samples on any channel is skipped, "
                     "not evaluated hop by hop, and listed in replay.json (default: 4 windows)")  # fmt: skip
     add_limit_flags(rp)
@@ -171,7 +172,7 @@ def _replay(args: argparse.Namespace) -> int:
         hops = sum(g.hops_skipped for g in res.gaps)
         print(f"note: {len(res.gaps)} gap(s) without samples longer than --max-gap-s {max_gap_s:g} skipped, "
               f"{hops:,} hops not evaluated: {shown}{more}", file=sys.stderr)  # fmt: skip
-    how = "stopped by Ctrl-C after" if res.interrupted else "done:"
+    how = "stopped (Ctrl-C or SIGTERM) after" if res.interrupted else "done:"
     print(f"{how} {res.hops} hops, {res.rows:,} timeline rows, {res.events} events; {res.stream_s:,.1f} s of "
           f"stream in {res.wall_s:.1f} s ({res.speed:.1f}x real time) -> {outdir}/")  # fmt: skip
     return 130 if res.interrupted else 0

@@ -81,25 +81,48 @@ class ReplayResult:
 
 
 class _CtrlC:
-    """Ctrl-C (SIGINT) as a flag the replay loop reads between hops, so the interrupt never lands inside a model
-    call or a file write; a second Ctrl-C raises KeyboardInterrupt as usual. Only in the main thread (where
-    Python delivers signals); elsewhere the default KeyboardInterrupt stands."""
+    """Ctrl-C (SIGINT) or SIGTERM (``timeout``, a service manager) as a flag the replay loop reads between hops, so
+    the signal never lands inside a model call or a file write; a second one raises KeyboardInterrupt. Only in the
+    main thread (where Python delivers signals); elsewhere the default KeyboardInterrupt stands."""
 
     def __init__(self) -> None:
         self.pressed = False
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: Any) -> None:
         if self.pressed:
             raise KeyboardInterrupt
         self.pressed = True
 
     def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+
+def _slow_channels(rec: Recording, ec: EngineConfig, last: Snapshot | None) -> list[str]:
+    """A note naming the channels sampled less often than ``max_staleness_s`` whose pairs were never estimated:
+    between samples they count as stale, so those pairs stay under ``min_coverage``."""
+    if last is None:
+        return []
+    never = np.isnan(last.mi) & ~np.eye(len(last.channels), dtype=bool)
+    slow = []
+    for k, name in enumerate(last.channels):
+        t = rec.series[name].t_ns if name in rec.series else np.zeros(0, np.int64)
+        dt = float(np.median(np.diff(t))) / 1e9 if len(t) > 1 else 0.0
+        if dt > ec.max_staleness_s and never[k].any():
+            slow.append((name, dt, int(never[k].sum())))
+    if not slow:
+        return []
+    shown = ", ".join(f"{c!r} (a sample every {dt:.3g} s; {n} pairs)" for c, dt, n in slow[:5])
+    more = f" and {len(slow) - 5} more" if len(slow) > 5 else ""
+    return [f"{len(slow)} channel(s) sample less often than channels.max_staleness_s ({ec.max_staleness_s:g} s), so "
+            f"between samples they count as stale and their pairs, under window.min_coverage, were never estimated: "
+            f"{shown}{more}; in a -c config, set channels.max_staleness_s to {1.5 * max(d for _, d, _ in slow):.2g} "
+            "or more"]  # fmt: skip
 
 
 def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:
@@ -203,7 +226,7 @@ def replay(
             bar.update(pushed, len(writer.events))
             chunk_ns = until_ns
         interrupted = ctrl_c.pressed
-    except KeyboardInterrupt:  # a second Ctrl-C, or one outside the main thread's handler
+    except KeyboardInterrupt:  # a second signal, or Ctrl-C outside the main thread's handler
         interrupted = True
     finally:
         ctrl_c.restore()
@@ -227,6 +250,7 @@ def replay(
         notes.append(f"{len(lone)} gap(s) of {lone_s:.3g} s or more in single channels, whose pairs are not estimated "
                      f"while the gap is in their window (their cells keep their value and age): {shown}"
                      + (f" and {len(lone) - 3} more (replay.json)" if len(lone) > 3 else ""))  # fmt: skip
+    notes += _slow_channels(rec, ec, last)
     result = ReplayResult(outdir, writer.hops, writer.rows, len(writer.events), pushed, stream_s, wall_s,
                           interrupted, gaps, notes)  # fmt: skip
     info = {

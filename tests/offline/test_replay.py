@@ -388,7 +388,7 @@ def test_ctrl_c_stops_cleanly_with_what_was_done_written(tmp_path, monkeypatch, 
     out = tmp_path / "out"
     assert main(["replay", str(log), "--rate-hz", "10", "--window", "64", "--hop", "16", "-o", str(out),
                  "--no-progress"]) == 130  # fmt: skip
-    assert "stopped by Ctrl-C after 3 hops" in capsys.readouterr().out
+    assert "stopped (Ctrl-C or SIGTERM) after 3 hops" in capsys.readouterr().out
     assert len(_timeline(out)) == 3
     assert pq.read_table(out / "events.parquet").num_rows == 0
     assert json.loads((out / "replay.json").read_text())["interrupted"] is True
@@ -483,9 +483,10 @@ def test_report_of_a_7_minute_replay_renders_offline_in_chromium(tmp_path, chrom
     assert problems == [], problems
 
 
-def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path):
-    """A real SIGINT (Ctrl-C) to `streamcorr replay` part way: exit 130, and the timeline, events and replay.json
-    hold every hop done before it."""
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path, signame):
+    """A real SIGINT (Ctrl-C) or SIGTERM (`timeout`, a service manager) to `streamcorr replay` part way: exit 130,
+    and the timeline, events and replay.json hold every hop done before it."""
     import signal
     import subprocess
     import sys
@@ -510,14 +511,14 @@ def test_sigint_to_a_running_replay_writes_what_was_done(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, "the engine did not start"
             time.sleep(0.1)
         time.sleep(2.0)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
-    done = int(stdout.split("stopped by Ctrl-C after ")[1].split(" hops")[0])
+    done = int(stdout.split("stopped (Ctrl-C or SIGTERM) after ")[1].split(" hops")[0])
     assert 0 < done < (n - 256) // 10
     assert len(_timeline(out)) == done
     assert json.loads((out / "replay.json").read_text())["interrupted"] is True
@@ -562,3 +563,34 @@ def test_mcap_with_topics_microseconds_apart_replays_like_the_csv_of_the_same_sa
     diffs = [abs(a[t][p] - b[t][p]) for t in a for p in a[t] if np.isfinite(a[t][p])]
     assert np.quantile(diffs, 0.95) <= 0.02
     assert max(v for hop in a.values() for v in hop.values() if np.isfinite(v)) < 0.15
+
+
+def test_channels_slower_than_the_staleness_limit_are_named_with_the_setting_that_fixes_them(tmp_path, capsys):
+    """A CSV with two 100 Hz channels and a 10 Hz one replayed at the defaults (max_staleness_s 0.05): the 10 Hz
+    channel's pairs are never estimated, and a note on stderr and in replay.json names it and the setting; with
+    channels.max_staleness_s from the note in a -c config, every pair is estimated and there is no note."""
+    from streamcorr.cli.commands import main
+
+    rng = np.random.default_rng(57)
+    n = 3000  # 30 s at 100 Hz
+    a = rng.standard_normal(n)
+    rows = [f"{1.7e9 + k / 100 + 3e-4 * rng.random():.6f},{a[k]:.6g},{rng.standard_normal():.6g},"
+            + (f"{a[k] + 0.3 * rng.standard_normal():.6g}" if k % 10 == 4 else "") for k in range(n)]  # fmt: skip
+    log = tmp_path / "mixed.csv"
+    log.write_text("t,imu.a,imu.b,env.temp\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    assert main(["replay", str(log), "--window", "512", "--no-progress", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    note = "1 channel(s) sample less often than channels.max_staleness_s (0.05 s)"
+    assert note in err and "'env.temp' (a sample every 0.1 s; 2 pairs)" in err, err
+    setting = re.search(r"set channels.max_staleness_s to ([0-9.]+) or more", err)
+    assert setting is not None and float(setting.group(1)) >= 0.15
+    assert any(note in x for x in json.loads((out / "replay.json").read_text())["notes"])
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"version: 1\nchannels:\n  max_staleness_s: {setting.group(1)}\n")
+    assert main(["replay", str(log), "-c", str(cfg), "--window", "512", "--no-progress", "-o", str(out)]) == 0
+    assert "max_staleness_s" not in capsys.readouterr().err
+    rows_out = _timeline(out)
+    last = max(rows_out)
+    assert all(np.isfinite(mi) for mi in rows_out[last].values())
