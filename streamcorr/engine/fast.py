@@ -13,7 +13,7 @@ the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance
 smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
 the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 48,
 64, 128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
-below half the reference's level, and a smooth pair's innovations there must show no dependence (``STILL_ALPHA``).
+below half the reference's level and half the window's estimate now (a smooth pair's null is wide), and a smooth pair's innovations there must show no dependence (``STILL_ALPHA``).
 A pair still above any gets a new reference (its relation changed shape, not vanished), as does one undecided at
 256 (a smooth pair whose short-window null is too wide to tell: the window path judges it). References are renewed
 once a window while the CUSUM rests at 0, within what is left of the hop's budget (``screening.hop_budget``) and
@@ -129,8 +129,8 @@ class FastPath:
         """One hop, after the window's verdicts: pairs (P, 2) are all the engine's pairs (channel indices); the
         hop's network pairs (with the screen: those it flagged) are the ones the sentinel may test."""
         end_tick, ranks, window, fresh = hop.end_tick, hop.ranks, hop.window, hop.fresh
-        n_eff = np.full(len(pairs), np.nan)  # (P,) effective sizes where estimated this hop
-        n_eff[hop.pick] = hop.n_eff
+        n_eff, now = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)  # (P,) where estimated this hop:
+        n_eff[hop.pick], now[hop.pick] = hop.n_eff, hop.mi  # effective sizes, window estimates
         sentinel = np.zeros(len(pairs), dtype=bool)
         sentinel[hop.pick[hop.done]] = True
         if hop.flagged is not None:
@@ -151,7 +151,7 @@ class FastPath:
                 del refs[key]
         candidates = np.flatnonzero(sentinel & ok)
         watched = np.array([k for k in candidates if self.detector.is_dependent(keys[k]) is False], dtype=np.int64)
-        events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held)
+        events = self._decouple(end_tick, keys, pairs, ranks, window, fresh, held, now)
         left_s = self.budget_s - (time.perf_counter() - hop.began)
         if math.isfinite(self.budget_s):  # live: a matrix whose pairs all turn dependent at once gets its references
             left_s = min(left_s, REFERENCE_SHARE * self.hop_samples * self.period_ns / 1e9)  # over hops, each on time
@@ -163,7 +163,7 @@ class FastPath:
     # -- decoupling ---------------------------------------------------------------------------------------
     def _decouple(
         self, end_tick: int, keys: PairNames, pairs: np.ndarray, ranks: list[np.ndarray | None],
-        window: np.ndarray, fresh: np.ndarray, rows: np.ndarray,
+        window: np.ndarray, fresh: np.ndarray, rows: np.ndarray, now: np.ndarray,
     ) -> list[ChangeEvent]:  # fmt: skip
         n, period = self.window_len, self.period_ns
         groups: dict[int, list[int]] = {}  # by samples new since the last score (one group unless a hop was skipped)
@@ -220,7 +220,9 @@ class FastPath:
                 still[smooth] = self._still_shown(window, fresh, pairs[[ks[q] for q in smooth]], m)
             for k, x, lo, held in zip(ks, mi.tolist(), self.nulls(m).independent_below(ne).tolist(), still):  # noqa: B905
                 ref = self._refs[keys[k]]
-                half = ref.allowance * 2.0  # half the reference's level
+                # half the reference's level, and of the window's estimate now (mostly samples before the onset: a
+                # table that read the pair high must not let a smooth pair's wide null pass its usual level)
+                half = min(ref.allowance * 2.0, now[k] / 2.0) if np.isfinite(now[k]) else ref.allowance * 2.0
                 if x < lo and x < half and not held:  # within the null, and well below what the pair showed
                     ev = self.detector.fast_change(keys[k], "became-independent", x, end_tick, ref.zero_tick,
                                                    self._hold_ns(end_tick, ref.zero_tick))  # fmt: skip

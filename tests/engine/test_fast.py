@@ -239,3 +239,66 @@ def test_steady_smooth_pairs_that_turn_give_no_decoupling() -> None:
     events = _replay(T0 + np.arange(n) / RATE, data, window_len=1024)
     false = [(e.pair, e.path, round(e.t_ns / 1e9 - T0, 1)) for e in events if e.kind == "became-independent"]
     assert false == []
+
+
+def _robot_csv(path, seed: int = 42, seconds: float = 300.0, until_s: float = 165.0) -> None:
+    """A robot log as a user wrote it: smooth channels (AR(1) at 100 Hz, phi 0.95-0.98, a slow temperature and
+    humidity, quantised), devices at 100, 25 and 10 Hz on their own phases with 0.3 ms jitter, a 6-s gap in one;
+    dependent throughout: motor.vib = speed^2, batt.current = 2 + |imu.ay| / 2, flow.rate = valve.cmd 0.3 s before.
+    Drawn for ``seconds``, written up to ``until_s``."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * 1000) + 2000
+    tf = np.arange(n) / 1000 - 1.0
+
+    def ar1(phi: float) -> np.ndarray:
+        p = phi**0.1
+        e = rng.standard_normal(n) * np.sqrt(1 - p**2)
+        rng.standard_normal()
+        x = lfilter([1.0], [1.0, -p], e)
+        return x / x.std()
+
+    sig = {c: ar1(p) for c, p in [("imu.ax", 0.97), ("imu.ay", 0.95), ("motor.speed", 0.98), ("valve.cmd", 0.95),
+                                  ("enc.pos", 0.95)]}  # fmt: skip
+    sig["env.temp"] = 22.0 + 1.5 * ar1(0.9995)
+    sig["env.hum"] = 45 + 3 * ar1(0.999)
+    devices = {"imu": (100, ["imu.ax", "imu.ay"]), "motor": (100, ["motor.speed", "motor.vib"]),
+               "valve": (100, ["valve.cmd"]), "flow": (25, ["flow.rate"]), "enc": (25, ["enc.pos"]),
+               "batt": (25, ["batt.current"]), "env": (10, ["env.temp", "env.hum"])}  # fmt: skip
+    rows = []
+    for dev, (rate, chans) in devices.items():
+        base = np.arange(0, seconds, 1 / rate)
+        t = base + rng.uniform(0, 1 / rate) + rng.normal(0, 3e-4, int(np.ceil(seconds * rate)))[: len(base)]
+        cols = {}
+        for c in chans:
+            if c == "motor.vib":
+                v = np.interp(t, tf, sig["motor.speed"]) ** 2 + 0.3 * rng.standard_normal(len(t))
+            elif c == "flow.rate":
+                v = np.interp(t - 0.3, tf, sig["valve.cmd"]) + 0.3 * rng.standard_normal(len(t))
+            elif c == "batt.current":
+                v = 2 + 0.5 * np.abs(np.interp(t, tf, sig["imu.ay"])) + 0.05 * rng.standard_normal(len(t))
+            else:
+                v = np.interp(t, tf, sig[c])
+            cols[c] = {"env.temp": np.round(v, 1), "env.hum": np.round(v * 2) / 2, "enc.pos": np.round(v, 2)}.get(c, v)
+        keep = ~((t > 150) & (t < 156)) if dev == "enc" else np.ones(len(t), dtype=bool)
+        rows += [(t[k], {c: cols[c][k] for c in chans}) for k in np.flatnonzero(keep & (t < until_s))]
+    rows.sort(key=lambda r: r[0])
+    names = [c for _, chans in devices.values() for c in chans]
+    lines = [f"{1712000000.0 + t:.6f}," + ",".join(f"{d[c]:.6g}" if c in d else "" for c in names) for t, d in rows]
+    path.write_text("timestamp," + ",".join(names) + "\n" + "\n".join(lines) + "\n")
+
+
+def test_a_steady_smooth_pair_on_two_clocks_gets_no_fast_decoupling(tmp_path) -> None:
+    """A robot log's pairs that stay dependent (smooth, at 100 and 25 Hz) get no became-independent when replayed
+    at the defaults: a short window within a smooth pair's wide null is no decoupling while it stays above half of
+    what the pair's window shows now."""
+    import pyarrow.parquet as pq
+
+    from streamcorr.cli.commands import main
+
+    log = tmp_path / "robot.csv"
+    _robot_csv(log)
+    assert main(["replay", str(log), "--no-progress", "-o", str(tmp_path / "out")]) == 0
+    events = pq.read_table(tmp_path / "out" / "events.parquet").to_pylist()
+    steady = {("imu.ay", "batt.current"), ("motor.speed", "motor.vib")}
+    assert {(e["a"], e["b"]) for e in events if e["change"] == "became-dependent"} >= steady
+    assert not [e for e in events if e["change"] == "became-independent" and (e["a"], e["b"]) in steady]
