@@ -5,20 +5,20 @@ each hop beside it, each with its own calibrated false-alarm rate; the matrix va
 
 **Decoupling** (every pair the detector holds dependent). Each pair keeps a reference: its table theta from a recent
 full window, and the statistics of that window's per-sample evidence e = theta(u, v) - log Z
-(:mod:`streamcorr.estimate.evidence`; the mean is the estimate m). Every new sample, ranked in the current
-window, is scored, and a CUSUM accumulates S <- max(0, S + m / 4 - e): it drifts down while the pair behaves
-as in the reference (out of sample the evidence stays above m / 2 on the pairs measured in bench.reaction) and
-up once the evidence falls to zero or below. S > h raises an alarm, with h from the Brownian approximation of
-the CUSUM's run length for a drift of m / 4 and the evidence's long-run variance (its variance x T / n_eff:
-smooth pairs' evidence moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is
-the last sample at which S was zero. The network then confirms it: the samples since the onset (the newest 48,
-64, 128 or 256) must be within the null of independent pairs at their effective size (below its 90th percentile) and
-below half the reference's level and half the window's estimate now (a smooth pair's null is wide), and a smooth pair's innovations there must show no dependence (``STILL_ALPHA``).
-A pair still above any gets a new reference (its relation changed shape, not vanished), as does one undecided at
-256 (a smooth pair whose short-window null is too wide to tell: the window path judges it). References are renewed
-once a window while the CUSUM rests at 0, within what is left of the hop's budget (``screening.hop_budget``) and
-at most a tenth of the hop (``REFERENCE_SHARE``): a busy hop keeps the older tables, and a matrix that turns
-dependent all at once gets its references over several hops, each published on time.
+(:mod:`streamcorr.estimate.evidence`; the mean is the estimate m). Every new sample, ranked in the current window,
+is scored, and a CUSUM accumulates S <- max(0, S + m / 4 - e): it drifts down while the pair behaves as in the
+reference (out of sample the evidence stays above m / 2 on the pairs measured in bench.reaction) and up once the
+evidence falls to zero or below. S > h raises an alarm, with h from the Brownian approximation of the CUSUM's run
+length for a drift of m / 4 and the evidence's long-run variance (its variance x T / n_eff: smooth pairs' evidence
+moves in runs), set for one false alarm in ``ARL_PAIR_HOURS`` pair-hours. The onset is the last sample at which S
+was zero. The network then confirms it: the samples since the onset (the newest 48, 64, 128 or 256) must be within
+the null of independent pairs at their effective size (below its 90th percentile) and below half the reference's
+level and half the window's estimate now (a smooth pair's null is wide), and a smooth pair's innovations there must
+show no dependence (``STILL_ALPHA``). A pair still above any gets a new reference (its relation changed shape, not
+vanished), as does one undecided at 256 (a smooth pair whose short-window null is too wide to tell: the window path
+judges it). References are renewed once a window while the CUSUM rests at 0, within what is left of the hop's budget
+(``screening.hop_budget``) and at most a tenth of the hop (``REFERENCE_SHARE``): a busy hop keeps the older tables,
+and a matrix that turns dependent all at once gets its references over several hops, each published on time.
 
 **Coupling** (pairs the detector holds independent): a short-window sentinel, :mod:`streamcorr.engine.sentinel`.
 

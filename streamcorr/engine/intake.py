@@ -402,6 +402,10 @@ class Intake:
             return None
         behind = (ready - self.next_end_tick) // hop_ns if self.cfg.skip_stale_hops else 0
         self.counters.hops_skipped += int(behind)
+        if behind:  # the hops take longer than they come: say so, with what to try (counted in hops_skipped)
+            self._log.warning("behind", "hops take longer than the hop interval: %d hop(s) skipped, %d in all (fewer "
+                              "pairs, screening, a longer hop, or estimator.threads: 1 on a busy machine)", behind,
+                              self.counters.hops_skipped)  # fmt: skip
         end = self.next_end_tick + behind * hop_ns
         self.next_end_tick = end + hop_ns
         return int(end)

@@ -296,3 +296,20 @@ def test_a_channel_faster_than_the_clock_gets_a_buffer_that_holds_its_windows(es
     assert eng.intake.channels["imu"].buffer.capacity <= 16 * eng.intake.capacity
     lines = [r.getMessage() for r in caplog.records if "faster than its buffer" in r.getMessage()]
     assert len(lines) == 1 and "'imu'" in lines[0], lines
+
+
+def test_hops_that_fall_behind_are_skipped_with_a_warning_that_says_what_to_try(est, caplog):
+    """Ten seconds of samples arriving at once with skip_stale_hops: the hops they make due but that the engine has
+    no time for are skipped, counted, and logged once (rate-limited) with what to try."""
+    rng = np.random.default_rng(23)
+    eng = _engine(est, skip_stale_hops=True)
+    with caplog.at_level(logging.WARNING, logger="streamcorr"):
+        for sec in (0, 1, 2, 3):
+            eng.push_ns("a", _second(sec), rng.standard_normal(int(RATE)))
+        _hops(eng)
+        t = np.concatenate([_second(sec) for sec in range(4, 14)])
+        eng.push_ns("a", t, rng.standard_normal(len(t)))
+        assert len(_hops(eng)) == 1  # the newest due hop only
+    assert eng.counters.hops_skipped >= 8
+    lines = [r.getMessage() for r in caplog.records if "hop(s) skipped" in r.getMessage()]
+    assert len(lines) == 1 and "estimator.threads: 1" in lines[0], lines
