@@ -329,7 +329,7 @@ class Intake:
                 ch.capped = True
                 self._log.each(logging.WARNING, "buffer_cap", "channel %.80r samples faster than its buffer (%d "
                                "samples) can hold a window: the oldest samples of its windows are overwritten "
-                               "(counted; buffer_len sets the capacity)", ch.name, buf.capacity)  # fmt: skip
+                               "(counted as overwritten)", ch.name, buf.capacity)  # fmt: skip
             return
         buf.grow(buf.capacity + more)
         self.grown_bytes += 16 * more

@@ -88,7 +88,8 @@ class EngineConfig:
     hop_samples: int = 0  # window advance between evaluations, samples; 0: hop_s x rate_hz
     hop_s: float | None = None  # seconds between evaluations when hop_samples is 0 (None: config.HOP_S, 1 s)
     max_staleness_s: float = _default("max_staleness_s")  # sample-and-hold limit; also how long a window waits
-    buffer_len: int | None = None  # ring buffer capacity per channel (default: window + max lag + 2 hops, x2)
+    buffer_len: int | None = None  # ring buffer capacity per channel (None: window + max lag + 2 hops, x2, grown
+    # for a channel faster than the clock; set, it is fixed)
     pairs: PairSelection = field(default_factory=PairSelection)
     max_pairs_per_hop: int | None = _default("max_pairs_per_hop")  # None: every selected pair each hop
     min_coverage: float = _default("min_coverage")  # pairs valid over less of the window are not evaluated
