@@ -122,7 +122,9 @@ def _slow_channels(rec: Recording, ec: EngineConfig, last: Snapshot | None) -> l
     return [f"{len(slow)} channel(s) sample less often than channels.max_staleness_s ({ec.max_staleness_s:g} s), so "
             f"between samples they count as stale and their pairs, under window.min_coverage, were never estimated: "
             f"{shown}{more}; in a -c config, set channels.max_staleness_s to {1.5 * max(d for _, d, _ in slow):.2g} "
-            "or more"]  # fmt: skip
+            "or more" + (f" (or, every channel being this slow, replay on a clock at their rate: --rate-hz "
+                         f"{1 / max(d for _, d, _ in slow):.3g}; a time column that counts samples needs it too)"
+                         if len(slow) == len(last.channels) else "")]  # fmt: skip
 
 
 def replay_config(ec: EngineConfig, rec: Recording) -> EngineConfig:

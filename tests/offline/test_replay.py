@@ -594,3 +594,10 @@ def test_channels_slower_than_the_staleness_limit_are_named_with_the_setting_tha
     rows_out = _timeline(out)
     last = max(rows_out)
     assert all(np.isfinite(mi) for mi in rows_out[last].values())
+
+    # a time column that counts samples: every channel a second apart, and the note offers the clock's rate too
+    index = tmp_path / "index.csv"
+    index.write_text("sample,x,y\n" + "".join(f"{k},{a[k]:.6g},{a[k] ** 2:.6g}\n" for k in range(60)))
+    argv = ["replay", str(index), "--time-column", "sample", "--window", "256", "--no-progress"]
+    assert main([*argv, "-o", str(tmp_path / "o2")]) == 0
+    assert "replay on a clock at their rate: --rate-hz 1;" in capsys.readouterr().err
