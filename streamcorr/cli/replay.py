@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from ..errors import InputError
@@ -86,6 +88,22 @@ def limits_from(args: argparse.Namespace) -> ReadLimits:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    """SIGTERM before the replay loop (reading the log, starting the engine) stops it as Ctrl-C does there: exit 130,
+    nothing written yet; within the loop the replay's own handler writes what was done."""
+    if threading.current_thread() is not threading.main_thread():
+        return _replay_log(args)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _replay_log(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _replay_log(args: argparse.Namespace) -> int:
     from ..engine.settings import EngineConfig
     from ..offline.logs import open_log
 

@@ -100,6 +100,8 @@ class Channel:
         self.step: ClockStep | None = None  # the current run of off-clock samples
         self.born_ns = born_ns  # stream time when it was added: its age while it has no accepted sample
         self.capped = False  # its buffer could not grow to hold a window (logged once)
+        self.gaps: list[int] = []  # median sample interval (ns) of each of its first pushes
+        self.paced = False  # its interval was judged against max_staleness_s (Intake._pace)
 
     def rank(self, values: np.ndarray, end_tick: int, period_ns: int, ties: Ties) -> np.ndarray | None:
         """Copula values (N,) of a fully valid window ending at ``end_tick``, updated incrementally when the previous
@@ -307,6 +309,8 @@ class Intake:
             if len(ch.buffer) + len(t_ns) > ch.buffer.capacity and self.cfg.buffer_len is None:
                 self._grow(ch, int(t_ns[-1]))
             accepted = ch.buffer.push_many(t_ns, vals, max_t_ns=max_t_ns, min_t_ns=min_t_ns)
+            if accepted and not ch.paced:
+                self._pace(ch, last, t_ns)
             old = np.zeros(len(t_ns), dtype=bool) if min_t_ns is None else t_ns < min_t_ns
             if self.reanchor_ns is not None:
                 self._watch_clock(ch, t_ns, vals, old, now_ns, max_t_ns, accepted)
@@ -316,6 +320,23 @@ class Intake:
                     newest = min(newest, now_ns)
                 self._advance(newest, int(t_ns[0]))
         return accepted
+
+    def _pace(self, ch: Channel, last: int | None, t_ns: np.ndarray) -> None:
+        """Judge a channel's sample interval over its first 8 pushes (with the sample before each): one slower
+        than max_staleness_s is stale between its samples, so its pairs never reach min_coverage: say so once, with
+        the setting that fixes it."""
+        gaps = np.diff(t_ns if last is None else np.concatenate(([last], t_ns)))
+        gaps = gaps[gaps > 0]
+        if not len(gaps):
+            return
+        ch.gaps.append(int(np.median(gaps)))
+        interval_s = float(np.median(ch.gaps)) / 1e9
+        ch.paced = len(ch.gaps) >= 8
+        if ch.paced and interval_s > self.cfg.max_staleness_s:
+            self._log.each(logging.WARNING, "slow_channel", "channel %.80r samples every %.3g s, less often than "
+                           "channels.max_staleness_s (%g s): it is stale between samples, so its pairs are not "
+                           "estimated; set channels.max_staleness_s to %.2g or more", ch.name, interval_s,
+                           self.cfg.max_staleness_s, 1.5 * interval_s)  # fmt: skip
 
     def _grow(self, ch: Channel, newest_ns: int) -> None:
         """Double a full channel buffer that spans less than a window needs, within the bounds (see __init__)."""

@@ -313,3 +313,22 @@ def test_hops_that_fall_behind_are_skipped_with_a_warning_that_says_what_to_try(
     assert eng.counters.hops_skipped >= 8
     lines = [r.getMessage() for r in caplog.records if "hop(s) skipped" in r.getMessage()]
     assert len(lines) == 1 and "estimator.threads: 1" in lines[0], lines
+
+
+def test_a_channel_slower_than_the_staleness_limit_is_named_once_with_the_setting(est, caplog):
+    """A 5 Hz channel with max_staleness_s 0.1 (stale between its samples, its pairs never estimated) is named
+    once in the log with a max_staleness_s that fixes it, whether its samples come in batches or one by one; a
+    channel on the 20 Hz clock is not."""
+    rng = np.random.default_rng(29)
+    eng = _engine(est)
+    base = 1_700_000_000 * 10**9
+    with caplog.at_level(logging.WARNING, logger="streamcorr"):
+        for sec in range(12):
+            eng.push_ns("clock", _second(sec, base), rng.standard_normal(int(RATE)))
+            eng.push_ns("batch5hz", _second(sec, base)[::4], rng.standard_normal(5))
+            for t in _second(sec, base)[1::4]:
+                eng.push_ns("single5hz", np.array([t]), rng.standard_normal(1))
+            _hops(eng)
+    lines = [r.getMessage() for r in caplog.records if "less often than channels.max_staleness_s" in r.getMessage()]
+    assert sorted(line.split("'")[1] for line in lines) == ["batch5hz", "single5hz"], lines
+    assert all("samples every 0.2 s" in line and "max_staleness_s to 0.3 or more" in line for line in lines), lines
