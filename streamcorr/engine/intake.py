@@ -134,11 +134,12 @@ class Intake:
         self._on_due = on_due
         self._log = RateLimitedLog(log)
         self.resampler = Resampler(cfg.rate_hz, cfg.max_staleness_s)
-        self.capacity = cfg.buffer_len or 2 * (cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples)
-        # what a buffer must span; a channel faster than the clock needs more samples for it than the capacity
-        # holds, so its buffer doubles while it does not (up to MAX_GROWTH x, GROWTH_BYTES for all; not when the
-        # configuration sets buffer_len): otherwise its pairs would see part of each window and never be estimated
-        self.span_ns = (cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples) * self.resampler.period_ns
+        ticks = cfg.window_len + lag_samples(cfg) + 2 * cfg.hop_samples  # what a buffer must span, in ticks
+        self.capacity = cfg.buffer_len or 2 * ticks
+        # a channel faster than the clock needs more samples than ticks to span them, so its buffer doubles while
+        # it does not (up to MAX_GROWTH x, GROWTH_BYTES for all; not when the configuration sets buffer_len):
+        # otherwise its pairs would see part of each window and never be estimated
+        self.span_ns = ticks * self.resampler.period_ns + self.resampler.max_staleness_ns
         self.grown_bytes = 0
         self.channels: dict[str, Channel] = {}  # insertion order is matrix order
         self.stream_ns: int | None = None  # newest accepted timestamp (never past the receive clock)
@@ -342,7 +343,7 @@ class Intake:
         """Double a full channel buffer that spans less than a window needs, within the bounds (see __init__)."""
         buf = ch.buffer
         oldest = buf.oldest_t_ns()
-        if oldest is None or newest_ns - oldest >= self.span_ns + self.resampler.max_staleness_ns:
+        if oldest is None or newest_ns - oldest >= self.span_ns:
             return
         more = min(buf.capacity, MAX_GROWTH * self.capacity - buf.capacity)
         if more <= 0 or self.grown_bytes + 16 * more > GROWTH_BYTES:

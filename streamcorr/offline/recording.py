@@ -45,6 +45,11 @@ class Series:
         """The stamps in float seconds (for display and rates; the engine takes t_ns)."""
         return self.t_ns / 1e9
 
+    @property
+    def interval_s(self) -> float:
+        """The median interval between samples, s (0 with fewer than two)."""
+        return float(np.median(np.diff(self.t_ns))) / 1e9 if len(self.t_ns) > 1 else 0.0
+
 
 @dataclass
 class Recording:

@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import __version__
 from ..engine.core import Engine, EngineConfig
+from ..engine.intake import GROWTH_BYTES
 from ..engine.matrix import Snapshot
 from ..errors import InputError
 from ..estimate.estimator import Estimator
@@ -47,7 +48,7 @@ from .outfiles import move_into, staging_dir, write_file
 __all__ = ["GAP_WINDOWS", "Gap", "ReplayResult", "replay"]
 
 GAP_WINDOWS = 4.0  # default max_gap_s, in windows
-BUFFER_BYTES = 256 << 20  # ring buffers of all channels together (16 bytes a sample) at most, beyond the default
+BUFFER_BYTES = GROWTH_BYTES  # ring buffers of all channels together at most, beyond the default (as live)
 LISTED = 20  # gaps listed one by one in replay.json; the rest are counted
 _HISTORY_FILES = ("timeline.parquet", "events.parquet", "events.jsonl")
 
@@ -111,8 +112,7 @@ def _slow_channels(rec: Recording, ec: EngineConfig, last: Snapshot | None) -> l
     never = np.isnan(last.mi) & ~np.eye(len(last.channels), dtype=bool)
     slow = []
     for k, name in enumerate(last.channels):
-        t = rec.series[name].t_ns if name in rec.series else np.zeros(0, np.int64)
-        dt = float(np.median(np.diff(t))) / 1e9 if len(t) > 1 else 0.0
+        dt = rec.series[name].interval_s if name in rec.series else 0.0
         if dt > ec.max_staleness_s and never[k].any():
             slow.append((name, dt, int(never[k].sum())))
     if not slow:
@@ -144,10 +144,8 @@ def _buffer_len(ec: EngineConfig, rec: Recording) -> tuple[int | None, str | Non
     capacity = ec.buffer_len or 2 * (ec.window_len + 2 * ec.hop_samples)
     density, densest = 1.0, ""
     for name, s in rec.series.items():
-        if len(s.t_ns) > 1:
-            dt = float(np.median(np.diff(s.t_ns))) / 1e9
-            if dt > 0 and 1.0 / (dt * ec.rate_hz) > density:
-                density, densest = 1.0 / (dt * ec.rate_hz), name
+        if (dt := s.interval_s) > 0 and 1.0 / (dt * ec.rate_hz) > density:
+            density, densest = 1.0 / (dt * ec.rate_hz), name
     if density <= 1.0:
         return ec.buffer_len, None
     cap = max(capacity, BUFFER_BYTES // (16 * max(1, len(rec.series))))
