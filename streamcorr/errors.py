@@ -28,3 +28,9 @@ class SubscriberTimeout(StreamcorrError, TimeoutError):
         super().__init__(message)
         self.stream = stream
         self.timeout_s = timeout_s
+
+
+class PublisherOffline(SubscriberTimeout):
+    """The publisher went offline (its live status says so: a clean stop, or the broker's last will) while an
+    iterator with ``timeout_s`` waited: raised at once rather than after the timeout, once every message sent
+    before it has been yielded. A :class:`SubscriberTimeout`, so a handler of that catches it too."""

@@ -32,6 +32,10 @@ Two ways to consume, one per subscriber:
 
 Either iterator ends at ``close()``; ``timeout_s`` raises :class:`~streamcorr.errors.SubscriberTimeout` when
 that long passes without a message, ``quiet_s`` ends quietly instead (see :meth:`Subscriber.iter_snapshots`).
+When the publisher goes offline while one waits (its live status says "offline": a clean stop or the broker's
+last will), a snapshot or event iterator with ``timeout_s`` raises :class:`~streamcorr.errors.PublisherOffline`
+at once (after the messages sent before it), one with ``quiet_s`` ends, and one with neither waits for the
+publisher to come back.
 
 The network side, one function per transport, is in :mod:`streamcorr.publish.subscriber_receive`.
 """
@@ -53,16 +57,17 @@ import zmq.asyncio
 from ..config import MqttConnection
 from ..engine.changes import ChangeEvent
 from ..engine.matrix import Snapshot
-from ..errors import ConfigError, StreamcorrError, SubscriberTimeout
+from ..errors import ConfigError, PublisherOffline, StreamcorrError, SubscriberTimeout
 from ..logutil import RateLimitedLog
-from .envelope import STREAMS, EnvelopeError, Status, check_prefix, decode_message, topic
-from .subscriber_receive import SubscriberCounters, parse_url, receive_mqtt, receive_zmq
+from .envelope import EnvelopeError, Status, check_prefix, decode_message, topic
+from .subscriber_receive import SubscriberCounters, check_streams, check_wait, parse_url, receive_mqtt, receive_zmq
 
 __all__ = ["Subscriber", "SubscriberCounters"]
 
 log = logging.getLogger("streamcorr.subscriber")
 
 _CLOSED = object()  # queue sentinel: the subscriber was closed, iterators end
+_OFFLINE = object()  # queue sentinel: the publisher's live status said offline
 _OUTBOX = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
 _KIND = {"snapshot": "snapshot", "pairs": "snapshot", "event": "event", "status": "status"}
 
@@ -94,7 +99,7 @@ class Subscriber:
         request_timeout_s: float = 2.0,
         start_timeout_s: float = 5.0,
     ) -> None:
-        streams = _check_streams(streams, queue_size)
+        streams = check_streams(streams, queue_size)
         self.prefix = check_prefix(prefix)
         self.queue_size = queue_size
         self.late_join = late_join
@@ -169,6 +174,9 @@ class Subscriber:
         body = msg.body
         if isinstance(body, Status):
             self._status = body
+            if body.state == "offline" and not replay:  # what was queued before it is still yielded first
+                for key in ("snapshot", "event"):
+                    self._offer(key, _OFFLINE)
             if "status" not in self._iterated:  # status() has it; nobody iterates statuses, so nothing to queue
                 return
         elif isinstance(body, Snapshot):
@@ -287,19 +295,36 @@ class Subscriber:
                 q.put_nowait(_CLOSED)  # for any other iterator on this queue
                 self._end(key)
                 return
+            if item is _OFFLINE:
+                if self._offline_ends(key, wait):
+                    return
+                continue
             yield item
 
     def snapshots(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[Snapshot]:
         """Snapshots as they arrive (first the retained / cached one); how it ends: as :meth:`iter_snapshots`."""
-        return self._aiter("snapshot", _wait(timeout_s, quiet_s))
+        return self._aiter("snapshot", check_wait(timeout_s, quiet_s))
 
     def events(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[ChangeEvent]:
         """Change events as they arrive; how it ends: as :meth:`iter_snapshots`."""
-        return self._aiter("event", _wait(timeout_s, quiet_s))
+        return self._aiter("event", check_wait(timeout_s, quiet_s))
 
     def statuses(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> AsyncIterator[Status]:
         """Status messages from the first call on (``status()``: the newest); ends as :meth:`iter_snapshots`."""
-        return self._aiter("status", _wait(timeout_s, quiet_s))
+        return self._aiter("status", check_wait(timeout_s, quiet_s))
+
+    def _offline_ends(self, key: str, wait: tuple[float | None, bool]) -> bool:
+        """At the publisher's offline marker: True to end a quiet_s iterator; PublisherOffline for one with
+        timeout_s; False (wait on) without either, or when the publisher is back online since."""
+        if self._status is None or self._status.state != "offline" or wait[0] is None:
+            return False
+        if wait[1]:
+            return True
+        raise PublisherOffline(
+            f"the publisher at {self.url} (prefix {self.prefix!r}) went offline: its status says so (a clean stop, "
+            "or the broker's last will for a lost connection). Iterate again to wait for it to come back, or "
+            "pass timeout_s=None to wait without a limit", stream=key, timeout_s=float(wait[0]),
+        )  # fmt: skip
 
     def _end(self, key: str, timed_out_s: float | None = None) -> None:
         """An iterator's end: a return after close() or quiet_s; SubscriberTimeout after ``timed_out_s`` (its
@@ -381,6 +406,10 @@ class Subscriber:
                 self._offer(key, _CLOSED)
                 self._end(key)
                 return
+            if item is _OFFLINE:
+                if self._offline_ends(key, wait):
+                    return
+                continue
             yield item
 
     def iter_snapshots(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[Snapshot]:
@@ -404,38 +433,15 @@ class Subscriber:
         no snapshot for 0.2 s
         []
         """
-        return self._iter("snapshot", _wait(timeout_s, quiet_s))
+        return self._iter("snapshot", check_wait(timeout_s, quiet_s))
 
     def iter_events(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[ChangeEvent]:
         """Blocking: change events as they arrive; how it ends: as :meth:`iter_snapshots`."""
-        return self._iter("event", _wait(timeout_s, quiet_s))
+        return self._iter("event", check_wait(timeout_s, quiet_s))
 
     def iter_statuses(self, timeout_s: float | None = None, *, quiet_s: float | None = None) -> Iterator[Status]:
         """Blocking: status messages from the first call on; how it ends: as :meth:`iter_snapshots`."""
-        return self._iter("status", _wait(timeout_s, quiet_s))
+        return self._iter("status", check_wait(timeout_s, quiet_s))
 
     def __repr__(self) -> str:
         return f"Subscriber({self.url!r}, prefix={self.prefix!r}, ready={self.ready}, gaps={self.gaps})"
-
-
-def _wait(timeout_s: float | None, quiet_s: float | None) -> tuple[float | None, bool]:
-    """(seconds to wait for each message, whether running out ends quietly); ConfigError for bad values."""
-    for name, value in (("timeout_s", timeout_s), ("quiet_s", quiet_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
-            raise ConfigError(f"{name} must be a positive number of seconds (or None); got {value!r}")
-    if timeout_s is not None and quiet_s is not None:
-        raise ConfigError("give timeout_s (raise SubscriberTimeout) or quiet_s (end quietly), not both")
-    return (quiet_s, True) if quiet_s is not None else (timeout_s, False)
-
-
-def _check_streams(streams: Collection[str], queue_size: int) -> tuple[str, ...]:
-    """The streams as a tuple, checked, with the queue size; ConfigError naming the fix otherwise."""
-    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
-        raise ConfigError(f"queue_size must be a positive number of messages; got {queue_size!r}")
-    streams = tuple(streams)
-    unknown = set(streams) - set(STREAMS)
-    if unknown or not streams or len(set(streams)) != len(streams):
-        raise ConfigError(f"streams must be distinct names from {STREAMS}; got {streams}")
-    if "snapshot" in streams and "pairs" in streams:
-        raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
-    return streams

@@ -7,14 +7,15 @@ replay=...)`` until cancelled, and sets ``ready`` while messages can arrive.
 - ZeroMQ: a SUB socket from :mod:`streamcorr.transport.zmq`, after one request to the publisher's last-value
   cache for its newest snapshot and status (``replay=True``), so that a late joiner need not wait for a hop.
 
-:func:`parse_url` turns a Subscriber's url into its transport and connection settings.
+:func:`parse_url` turns a Subscriber's url into its transport and connection settings; :func:`check_streams` and
+:func:`check_wait` check its other arguments.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 from urllib.parse import SplitResult, urlsplit
@@ -31,7 +32,7 @@ from ..transport.mqtt import check_settings, keep_connected, make_client
 from ..transport.zmq import attach, make_socket
 from .envelope import MAX_ENVELOPE_BYTES, STREAMS
 
-__all__ = ["Handle", "SubscriberCounters", "parse_url", "receive_mqtt", "receive_zmq"]
+__all__ = ["Handle", "SubscriberCounters", "check_streams", "check_wait", "parse_url", "receive_mqtt", "receive_zmq"]
 
 log = logging.getLogger("streamcorr.subscriber")
 
@@ -204,3 +205,26 @@ def _mqtt_connection(parts: SplitResult, url: str, settings: MqttConnection | No
         return MqttConnection.model_validate(fields)
     except ValidationError as exc:
         raise ConfigError(f"bad MQTT settings from {url!r}: {exc.errors()[0]['msg']}") from None
+
+
+def check_wait(timeout_s: float | None, quiet_s: float | None) -> tuple[float | None, bool]:
+    """(seconds to wait for each message, whether running out ends quietly); ConfigError for bad values."""
+    for name, value in (("timeout_s", timeout_s), ("quiet_s", quiet_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+            raise ConfigError(f"{name} must be a positive number of seconds (or None); got {value!r}")
+    if timeout_s is not None and quiet_s is not None:
+        raise ConfigError("give timeout_s (raise SubscriberTimeout) or quiet_s (end quietly), not both")
+    return (quiet_s, True) if quiet_s is not None else (timeout_s, False)
+
+
+def check_streams(streams: Collection[str], queue_size: int) -> tuple[str, ...]:
+    """The streams as a tuple, checked, with the queue size; ConfigError naming the fix otherwise."""
+    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
+        raise ConfigError(f"queue_size must be a positive number of messages; got {queue_size!r}")
+    streams = tuple(streams)
+    unknown = set(streams) - set(STREAMS)
+    if unknown or not streams or len(set(streams)) != len(streams):
+        raise ConfigError(f"streams must be distinct names from {STREAMS}; got {streams}")
+    if "snapshot" in streams and "pairs" in streams:
+        raise ConfigError("subscribe to 'snapshot' or 'pairs', not both: both arrive as snapshots")
+    return streams

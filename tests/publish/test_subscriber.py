@@ -15,7 +15,7 @@ import zmq.asyncio
 from streamcorr.config import MqttConnection
 from streamcorr.engine.changes import ChangeEvent
 from streamcorr.engine.matrix import Snapshot
-from streamcorr.errors import ConfigError, StreamcorrError, SubscriberTimeout
+from streamcorr.errors import ConfigError, PublisherOffline, StreamcorrError, SubscriberTimeout
 from streamcorr.publish.envelope import Status, encode_event, encode_status
 from streamcorr.publish.mqtt_sink import MqttPublisher
 from streamcorr.publish.sinks import forward
@@ -343,6 +343,57 @@ def test_mqtt_late_subscriber_gets_the_retained_snapshot_then_live_ones(mqtt_bro
     assert_same_snapshot(second, snaps[2])
     assert status.state == "online"
     assert counters.connects == 1 and counters.gaps["snapshot"] == 0
+
+
+def test_a_publisher_going_offline_ends_timeout_and_quiet_iterators_at_once_and_others_wait(mqtt_broker, prefix):
+    """A clean stop's "offline" status: an iterator with timeout_s yields what came before it, then raises
+    PublisherOffline at once (not after the timeout); one with quiet_s ends; one with neither waits and gets the
+    snapshots of the publisher that comes back."""
+    rng = np.random.default_rng(41)
+    url = f"mqtt://{mqtt_broker[0]}:{mqtt_broker[1]}"
+    qos1 = connection(mqtt_broker, qos=1)
+    timed, quiet, waiting = [], [], []
+
+    async def drain(it, into):
+        async for item in it:
+            into.append(item)
+
+    async def main():
+        async with (
+            Subscriber(url, prefix=prefix) as sub_t,
+            Subscriber(url, prefix=prefix) as sub_q,
+            Subscriber(url, prefix=prefix) as sub_w,
+        ):
+            tasks = [asyncio.create_task(drain(it, into)) for it, into in (
+                (sub_t.snapshots(timeout_s=60), timed), (sub_q.events(quiet_s=60), quiet), (sub_w.snapshots(), waiting),
+            )]  # fmt: skip
+            pub = MqttPublisher(settings=qos1, prefix=prefix)
+            await pub.start()
+            assert await pub.wait_connected(5)
+            for k in (1, 2):
+                await pub.publish_snapshot(make_snapshot(rng, seq=k))
+                await until(lambda k=k: pub.counters.sent["snapshot"] == k)
+            await pub.publish_event(make_event(rng))
+            await until(lambda: pub.counters.sent["event"] == 1)
+            await pub.stop()
+            stopped = time.monotonic()
+            with pytest.raises(PublisherOffline) as exc:
+                await tasks[0]
+            await tasks[1]
+            ended_s = time.monotonic() - stopped
+            assert not tasks[2].done()
+            async with MqttPublisher(settings=qos1, prefix=prefix) as back:
+                assert await back.wait_connected(5)
+                await back.publish_snapshot(make_snapshot(rng, seq=7))
+                await until(lambda: any(s.seq == 7 for s in waiting), timeout_s=10)
+            tasks[2].cancel()
+            return exc.value, ended_s
+
+    exc, ended_s = asyncio.run(main())
+    assert ended_s < 10, ended_s  # not the 60 s timeout
+    assert isinstance(exc, SubscriberTimeout) and exc.stream == "snapshot" and "went offline" in str(exc)
+    assert [s.seq for s in timed] == [1, 2] and len(quiet) == 1
+    assert [s.seq for s in waiting][:2] == [1, 2]
 
 
 def write_envelopes(tmp_path, items) -> list[str]:
