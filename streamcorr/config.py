@@ -12,13 +12,13 @@ schema, with the comment beside each key) for every key.
 
 from __future__ import annotations
 
-import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .config_errors import describe, echo
 from .errors import ConfigError
 from .names import name_problem
 
@@ -36,19 +36,6 @@ MAX_FALSE_ALARM_RATE = 0.1  # false_alarm_rate lies in (0, this): above it the q
 SCHEMA_VERSION = 1
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; more is a mistake (or /dev/zero)
 MAX_CONFIG_VALUES = 100_000  # values after YAML aliases are expanded: a "billion laughs" file stops here
-_MAX_ERRORS_SHOWN = 10
-
-
-def echo(value: Any) -> str:
-    """A short repr of a user value for an error message: a huge or deeply shared value is cut, not expanded.
-
-    >>> echo("x" * 1000)[:12], len(echo("x" * 1000)) < 80
-    ("'xxxxxxxxxxx", True)
-    """
-    r = reprlib.Repr()  # Python 3.11 takes the limits as attributes, not arguments
-    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset = 2, 4, 4, 4, 4
-    r.maxstring, r.maxother, r.maxlong = 60, 60, 40
-    return r.repr(value)
 
 
 def _count_values(data: Any, limit: int) -> int:
@@ -394,28 +381,6 @@ class Config(_Strict):
         return max(1, round(HOP_S * self.channels.rate_hz))
 
 
-def _describe(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = [str(p) for p in err["loc"] if not str(p).startswith("function-after")]
-        if len(loc) > 2 and loc[0] == "sources" and loc[2] in ("mqtt", "zmq"):
-            del loc[2]  # the union's tag, which is not a key in the file
-        path = ".".join(p if len(p) <= 60 else echo(p) for p in loc) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key: remove it or check its spelling (see docs/configuration.md)"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        elif err["type"] == "union_tag_invalid":
-            msg = "'type' must be 'mqtt' or 'zmq'"
-        else:
-            got = err.get("input")
-            msg = err["msg"][:300] + ("" if isinstance(got, dict | list) else f" (got {echo(got)})")
-        lines.append(f"{path}: {msg}")
-    if len(lines) > _MAX_ERRORS_SHOWN:  # a list of 100,000 wrong items is one mistake, not a page per item
-        lines[_MAX_ERRORS_SHOWN:] = [f"... and {len(lines) - _MAX_ERRORS_SHOWN} more errors"]
-    return "; ".join(lines)
-
-
 def parse_config(data: Any, *, need_sources: bool = True) -> Config:
     """Validate a parsed YAML document; raises ConfigError naming each bad key. ``need_sources=False``
     (replay: the log is the input) accepts a file without ``sources``; the result then has none."""
@@ -432,7 +397,7 @@ def parse_config(data: Any, *, need_sources: bool = True) -> Config:
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(describe(exc, Config)) from None
     return cfg.model_copy(update={"sources": []}) if placeholder else cfg
 
 

@@ -30,7 +30,17 @@ def test_defaults_listen_on_loopback():
     ("patch", "expect"),
     [
         ({"sources": [{"type": "mqtt", "topics": ["a/#"], "port": 70000}]}, "sources.0.port"),
-        ({"sources": [{"type": "mqtt", "topics": ["a/#"], "prot": 1}]}, "sources.0.prot: unknown key"),
+        (
+            {"sources": [{"type": "mqtt", "topics": ["a/#"], "prot": 1}]},
+            "sources.0.prot: unknown key: did you mean 'port'",
+        ),
+        (
+            {"changes": {"false_alarm_per_hour": 2}},
+            "changes.false_alarm_per_hour: unknown key: did you mean 'false_alarms_per",
+        ),
+        ({"outputs": {"mqtt": {"prefx": "a"}}}, "outputs.mqtt.prefx: unknown key: did you mean 'prefix'"),
+        ({"lagz": {}}, "lagz: unknown key: did you mean 'lags'"),
+        ({"estimator": {"qqqqqq": 1}}, "estimator.qqqqqq: unknown key: remove it or check its spelling"),
         ({"sources": [{"type": "kafka"}]}, "'type' must be 'mqtt' or 'zmq'"),
         ({"window": {"samples": 10}}, "window.samples"),
         ({"window": {"hop_s": 1, "hop_samples": 10}}, "not both"),
@@ -59,7 +69,7 @@ def test_check_command(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nsources:\n  - type: zmq\n    endpoint: tcp://127.0.0.1:1\nwindow:\n  sampels: 64\n")
     assert main(["check", str(bad)]) == 2
-    assert "window.sampels: unknown key" in capsys.readouterr().err
+    assert f"{bad}: window.sampels: unknown key: did you mean 'samples'?" in capsys.readouterr().err
     (tmp_path / "junk.yaml").write_text("version: [1\n")
     assert main(["check", str(tmp_path / "junk.yaml")]) == 2
     assert "not valid YAML" in capsys.readouterr().err
