@@ -426,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except StreamcorrError as exc:
-        print(f"streamcorr: error: {exc}", file=sys.stderr)
+        path = args.config if args.cmd in ("run", "check") else None  # every problem of the file names the file
+        where = f"{path}: " if isinstance(exc, ConfigError) and path and not str(exc).startswith(str(path)) else ""
+        print(f"streamcorr: error: {where}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("streamcorr: interrupted", file=sys.stderr)

@@ -116,7 +116,8 @@ def test_no_command_shows_a_traceback_on_a_corpus_of_bad_files(tmp_path, capsys)
 
 def test_check_refuses_what_run_refuses_in_a_source_payload_naming_the_key(tmp_path, capsys):
     """A channel template with an unknown field or a time field that clashes with a reserved name passes the schema;
-    `check` refuses it as `run` does, both naming the source's key path, so a deploy gated on `check` holds."""
+    `check` refuses it as `run` does, both naming the file and the source's key path, so a deploy gated on `check`
+    holds."""
     for key, value, says in [("channel_template", "{topic[1]}.{kee}", "found ['kee']"),
                              ("time_field", "t0", "reserved name")]:  # fmt: skip
         path = tmp_path / f"{key}.yaml"
@@ -124,7 +125,7 @@ def test_check_refuses_what_run_refuses_in_a_source_payload_naming_the_key(tmp_p
                                         "http": {"port": 0}}))  # fmt: skip
         for cmd in ("check", "run"):
             rc, text = _run_cli([cmd, str(path)], capsys)
-            assert rc == 2 and f"sources.1.{key}" in text and says in text, (cmd, text)
+            assert rc == 2 and f"error: {path}: sources.1.{key}" in text and says in text, (cmd, text)
 
 
 def test_config_bombs_are_refused_quickly_with_short_messages(tmp_path, capsys):
@@ -206,8 +207,8 @@ def test_version_flag_and_bare_command_help(capsys):
 
 @pytest.mark.parametrize("taken_by", ["http.port", "outputs.zmq", "sources.0"])
 def test_run_with_a_busy_port_is_a_clear_error(taken_by, tmp_path, capsys):
-    """`streamcorr run` whose HTTP, ZeroMQ output or ZeroMQ source port is taken says which key to change, with no
-    traceback."""
+    """`streamcorr run` whose HTTP, ZeroMQ output or ZeroMQ source port is taken says which key of which file to
+    change, with no traceback."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -231,4 +232,4 @@ def test_run_with_a_busy_port_is_a_clear_error(taken_by, tmp_path, capsys):
         path.write_text(yaml.safe_dump(cfg))
         rc, text = _run_cli(["run", str(path)], capsys)
     assert rc == 2 and "Traceback" not in text, text[-3000:]
-    assert f"streamcorr: error: {taken_by}" in text and str(port) in text, text[-3000:]
+    assert f"streamcorr: error: {path}: {taken_by}" in text and str(port) in text, text[-3000:]
