@@ -172,8 +172,8 @@ class Window(_Strict):
     # share of the window where both channels must have data for a pair to be evaluated
     min_coverage: float = Field(0.9, gt=0, le=1)
     skip_stale_hops: bool = True  # live: when compute falls behind, jump to the newest window; replay: false
-    # drop: rows where both channels of a pair repeat their previous sample are left out of that pair (copies
-    # of an earlier row look like dependence); keep: every tick counts
+    # drop: a pair's window holds the ticks where its slower channel has a new sample (a held value beside new
+    # ones makes near-copies of earlier rows, which look like dependence); keep: every tick counts
     repeated_rows: Literal["drop", "keep"] = "drop"
 
     @model_validator(mode="after")

@@ -20,9 +20,10 @@ not move a device on the clock's rate off its ticks), if that sample is at most
 A tick is *fresh* for a channel when its sample was not already shown at the tick
 before: a channel slower than the clock, or one whose stamps wobble around the
 ticks, repeats samples. A row in which both channels of a pair repeat is a copy
-of an earlier row and carries no information; kept, such copies look like
-dependence (every repeated row is a point shared by both channels), so the
-engine leaves them out of that pair's window (``window.repeated_rows: drop``).
+of an earlier row and carries no information, and one in which only the slower
+channel repeats is a near-copy beside a smooth channel; kept, such rows look like
+dependence, so a pair's window holds the ticks where its slower channel has a new
+sample (``window.repeated_rows: drop``; ``estimate.significance.pair_rows``).
 """
 
 from __future__ import annotations

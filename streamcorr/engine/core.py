@@ -61,6 +61,7 @@ from .hop import Hop
 from .intake import EngineCounters, Intake
 from .lags import LagTracker
 from .matrix import SOURCE_SCREEN, MatrixState, Snapshot
+from .mixed_rows import MixedRows
 from .scheduler import Scheduler
 from .screen import Screener
 from .settings import EngineConfig, hop_budget_s, sentinel_len
@@ -115,8 +116,9 @@ class Engine:
                                  budget_s=hop_budget_s(config))  # fmt: skip
         self.lags = LagTracker.for_engine(config, self.est, self.calibration, self.resampler.period_ns)
         self.screener = Screener.for_engine(config, cache_dir())
-        # smooth pairs' own nulls, measured again once their window has been replaced
+        # smooth pairs' own nulls, measured again once their window has been replaced; mixed-rate pairs' second test
         self.surrogates = SurrogateNulls(config.surrogates, config.window_len * self.resampler.period_ns)
+        self.mixed = MixedRows(config.surrogates, config.window_len * self.resampler.period_ns, config.significance)
         self._pairs = np.zeros((0, 2), dtype=np.int64)
         self._protected = np.zeros(0, dtype=bool)  # per pair: both channels configured (never starved)
         self._scheduler = Scheduler(self._pairs, 1)
@@ -189,7 +191,7 @@ class Engine:
         if gone:
             self.state.remove_channels(gone)
             self.detector.forget(gone)
-            for part in (self.fast, self.lags):
+            for part in (self.fast, self.lags, self.mixed):
                 if part is not None:
                     part.forget(gone)
             self.surrogates.forget_channels(gone)
@@ -299,8 +301,8 @@ class Engine:
         cnt.pairs_low_coverage += int((~hop.ok).sum())
         hop.mi, hop.n_eff = np.full(len(pairs), np.nan), np.full(len(pairs), np.nan)
         full = np.array([ranks[a] is not None and ranks[b] is not None for a, b in pairs], dtype=bool) & hop.ok
-        for k in np.flatnonzero(full & hop.repeats[i] & hop.repeats[j]):  # rows both repeat: own rows (buffers)
-            full[k] = bool((fresh[i[k]] | fresh[j[k]])[valid[i[k]] & valid[j[k]]].all())
+        for k in np.flatnonzero(full & (hop.repeats[i] | hop.repeats[j])):  # a channel repeats: the slower's rows
+            full[k] = bool((fresh[i[k]] & fresh[j[k]])[valid[i[k]] & valid[j[k]]].all())
         hop.lap(cnt, "align")
         hop.u = np.zeros((0, n))
         if full.any():  # shared ranks: one histogram pass per pair, no re-ranking
@@ -319,6 +321,7 @@ class Engine:
         own = hop.ok & ~full
         cnt.pairs_low_coverage += estimate_own_rows(self.est, hop.window, fresh, valid, i, j, own, hop.mi, hop.n_eff,
                                                     hop.groups)  # fmt: skip
+        self.mixed.estimate(self.est, hop, own)
         hop.lap(cnt, "gapped_pairs")
         if self.cfg.significance == "iid":
             hop.n_eff = np.where(np.isfinite(hop.n_eff), n, np.nan)
@@ -332,12 +335,9 @@ class Engine:
                 self.detector.prime((names[i[k]], names[j[k]]), float(hop.screen_level[k]))
         hop_pairs = [(names[a], names[b]) for a, b in zip(i, j, strict=True)]
         hop.done_pairs = [p for p, d in zip(hop_pairs, done, strict=True) if d]
-        own = None
-        if self.cfg.significance == "effective":  # smooth pairs' own nulls (estimate.surrogates.SurrogateNulls)
-            repeating = hop.repeats[i] | hop.repeats[j]  # a channel repeats samples: near-copy rows beside a smooth one
-            own = self.surrogates.hop_thresholds(self.est, self.calibration, self.detector.alpha, hop.u, hop.groups,
-                                                 i, j, hop_pairs, hop.mi, hop.n_eff, done, hop.end_tick,
-                                                 repeating)  # fmt: skip
+        own = None  # smooth and mixed-rate pairs' own nulls (streamcorr.engine.mixed_rows)
+        if self.cfg.significance == "effective":
+            own = self.mixed.hop_thresholds(self.est, self.surrogates, self.calibration, self.detector, hop, hop_pairs)
         hop.lap(self.counters, "significance")
         events = self.detector.update_many(hop.done_pairs, hop.mi[done], hop.n_eff[done], hop.end_tick, own)
         if events and hop.u.size:  # when each began, from the window's evidence

@@ -50,6 +50,11 @@ class Hop:
     n_eff: np.ndarray = field(default_factory=_empty)  # (P,) effective sample size
     done: np.ndarray = field(default_factory=_no_mask)  # (P,) estimated this hop
     groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # own-row pairs: (ranks, indices)
+    # pairs of channels on different rates, also on every row either channel renews (streamcorr.engine.mixed_rows)
+    mixed: np.ndarray = field(default_factory=_no_mask)  # (P,)
+    mixed_mi: np.ndarray = field(default_factory=_empty)  # (P,) nats on those rows; NaN elsewhere
+    mixed_n_eff: np.ndarray = field(default_factory=_empty)  # (P,)
+    mixed_groups: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     done_pairs: list[tuple[str, str]] = field(default_factory=list)
     began: float = 0.0  # perf_counter at the start of the hop
 

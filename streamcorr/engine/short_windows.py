@@ -27,7 +27,7 @@ from scipy.stats import chi2, norm
 from ..estimate.copula import rank_transform
 from ..estimate.estimator import Estimator
 from ..estimate.evidence import change_point, evidence, pair_tables
-from ..estimate.significance import autocorrelation, pair_n_eff, prewhiten
+from ..estimate.significance import autocorrelation, pair_n_eff, pair_rows, prewhiten
 from .changes import ChangeEvent
 from .settings import FOLDS
 
@@ -100,12 +100,11 @@ def local_slopes(levels: np.ndarray, a: np.ndarray, b: np.ndarray, share: np.nda
 def newest_rows(
     window: np.ndarray, fresh: np.ndarray, pairs: np.ndarray, m: int, before: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Values (2P, m) of pairs (P, 2) on their newest m rows of the window where at least one channel has a new
-    sample (rows both repeat leave the pair, as in the window's estimate; x rows then y rows), their positions
-    in the window (P, m), and which pairs have m such rows (P,). With ``before`` (P,): the newest m rows before
-    that position of the window."""
+    """Values (2P, m) of pairs (P, 2) on their newest m rows of the window where the slower channel has a new
+    sample (``pair_rows``, as in the window's estimate; x rows then y rows), their positions in the window (P, m),
+    and which pairs have m such rows (P,). With ``before`` (P,): the newest m rows before that position."""
     n = window.shape[1]
-    keep = fresh[pairs[:, 0]] | fresh[pairs[:, 1]]  # (P, N)
+    keep = pair_rows(fresh[pairs[:, 0]], fresh[pairs[:, 1]])  # (P, N)
     if before is not None:
         keep &= np.arange(n)[None, :] < before[:, None]
     enough = keep.sum(axis=1) >= m

@@ -62,6 +62,7 @@ __all__ = [
     "max_lag",
     "null_processes",
     "pair_n_eff",
+    "pair_rows",
     "per_evaluation_rate",
     "prewhiten",
     "prewhiten_own_samples",
@@ -204,6 +205,18 @@ def prewhiten_own_samples(x: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     return out
 
 
+def pair_rows(fresh_x: np.ndarray, fresh_y: np.ndarray) -> np.ndarray:
+    """A pair's rows (..., T) bool: the ticks where the channel with fewer new samples (fresh, (..., T)) has one,
+    beside the other's newest sample (elsewhere its held value makes near-copies of earlier rows).
+
+    >>> fast, slow = np.ones(8, bool), np.arange(8) % 4 == 0  # 100 Hz and 25 Hz on a 100 Hz clock
+    >>> pair_rows(fast, slow).nonzero()[0].tolist(), pair_rows(slow, fast).sum()
+    ([0, 4], np.int64(2))
+    """
+    slower_x = fresh_x.sum(axis=-1, keepdims=True) <= fresh_y.sum(axis=-1, keepdims=True)
+    return np.where(slower_x, fresh_x, fresh_y)
+
+
 def estimate_own_rows(
     est: Any,
     window: np.ndarray,
@@ -215,9 +228,11 @@ def estimate_own_rows(
     mi: np.ndarray,
     n_eff: np.ndarray,
     groups: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    every_new: bool = False,
 ) -> int:
     """MI and n_eff (written into mi, n_eff) of the pairs (i, j) marked in ``which``, each over its own rows of
-    window (C, T): both channels valid, and not both repeating (fresh (C, T): a new sample at that tick).
+    window (C, T): both channels valid, on the slower channel's new samples (fresh (C, T): a new sample at that
+    tick; :func:`pair_rows`; ``every_new``: on every row either channel renews).
     Pairs with the same rows (channels of one device) share one batch of ``est`` (an Estimator); ``groups``,
     if given, receives each batch's copula rows [x; y] (2m, R) and its pair indices (m,). Returns how many
     pairs had fewer rows than the model needs (left NaN)."""
@@ -225,7 +240,8 @@ def estimate_own_rows(
     rows_of: dict[bytes, np.ndarray] = {}
     short = 0
     for k in np.flatnonzero(which):
-        rows = valid[i[k]] & valid[j[k]] & (fresh[i[k]] | fresh[j[k]])
+        both = valid[i[k]] & valid[j[k]]
+        rows = both & (fresh[i[k]] | fresh[j[k]]) if every_new else pair_rows(both & fresh[i[k]], both & fresh[j[k]])
         if rows.sum() < est.min_window:
             short += 1
             continue
