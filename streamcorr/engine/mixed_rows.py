@@ -9,6 +9,10 @@ holds at least ``MIN_EXTRA`` times the rows of the first is also estimated there
 on those rows, and each test runs at half the false-alarm rate: the pair is dependent when either shows it,
 and independent again only when both are below their nulls' 90th percentiles. The value shown (and its
 effective size) is the estimate on the slower channel's rows.
+
+A pair estimated on fewer rows than the window never gets a lower bar than white noise on as many rows (from
+the null tables of other window lengths at hand, interpolated): the estimator's spread grows as rows shrink,
+and a smooth pair's own null, extrapolated far into its tail, does not always follow.
 """
 
 from __future__ import annotations
@@ -19,13 +23,22 @@ import numpy as np
 
 from ..estimate.significance import NullTable, estimate_own_rows
 from ..estimate.surrogates import SurrogateNulls
-from .changes import ChangeDetector
+from .changes import ChangeDetector, cached_calibration, calibration_origin
 from .hop import Hop
 
 __all__ = ["MIN_EXTRA", "MixedRows"]
 
 MIN_EXTRA = 1.2  # a few ticks of jitter make two nearly equal row sets: one test is enough there
 NEVER = 1e9  # nats: a bar no estimate crosses (finite: the detector reads NaN as "the table decides")
+WHITE_LENGTHS = (64, 128, 256, 512, 1024, 2048)  # null tables read for white noise's bar on a pair's own rows
+
+
+def _rows(groups: list[tuple[np.ndarray, np.ndarray]], n_pairs: int, window_len: int) -> np.ndarray:
+    """(P,) rows each pair was estimated on: its group's, or the whole window."""
+    rows = np.full(n_pairs, window_len)
+    for ranks, idx in groups:
+        rows[idx] = ranks.shape[1]
+    return rows
 
 
 class MixedRows:
@@ -35,6 +48,7 @@ class MixedRows:
         self.surrogates = SurrogateNulls(n_surrogates, refresh_ns)  # nulls on the every-new rows
         self.on = significance == "effective"  # "iid": every tick counts as independent, one test
         self.pairs = 0  # pair estimates made on the second row set (a counter)
+        self._white: dict[int, NullTable] | None = None  # null tables by window length, for white noise's bars
 
     def estimate(self, est: Any, hop: Hop, own: np.ndarray) -> None:
         """MI and effective size on every new row of the own-row pairs (``own`` (P,)) that are mixed-rate."""
@@ -55,38 +69,63 @@ class MixedRows:
         pairs: list[tuple[str, str]],
     ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
         """The detector's per-pair (dependent_above, independent_below) for the hop's done pairs, NaN where the table
-        decides: smooth pairs' and held channels' surrogate nulls (``main``, on the slower channel's rows), with each
-        mixed-rate pair's two tests folded into the bars of the value shown: crossed when either test shows
-        dependence, and never while the second does."""
-        alpha, min_effect = detector.alpha, detector.min_effect
+        decides: smooth pairs' and held channels' surrogate nulls (``main``, on the slower channel's rows), never below
+        white noise's on as many rows, with each mixed-rate pair's two tests folded into the bars of the value
+        shown: crossed when either test shows dependence, and never while the second does."""
+        alpha, min_effect, done = detector.alpha, detector.min_effect, hop.done
         repeating = hop.repeats[hop.i] | hop.repeats[hop.j]  # a held channel: near-copy rows beside a smooth one
         own = main.hop_thresholds(est, table, alpha, hop.u, hop.groups, hop.i, hop.j, pairs, hop.mi, hop.n_eff,
-                                  hop.done, hop.end_tick, repeating)  # fmt: skip
-        done = hop.done
+                                  done, hop.end_tick, repeating)  # fmt: skip
+        nd = int(done.sum())
+        hi, lo = own if own is not None else (np.full(nd, np.nan), np.full(nd, np.nan))
+        rows = _rows(hop.groups, len(hop.i), table.window_len)
         mixed = hop.mixed & done & np.isfinite(hop.mixed_mi)
+        for rate, sel in ((alpha, done & ~mixed), (alpha / 2, mixed)):  # a mixed pair's first test: half the rate
+            at = np.flatnonzero(sel[done])
+            if sel.any() and (rate < alpha or (rows[sel] < table.window_len).any()):
+                first = (
+                    main.thresholds([pairs[k] for k in np.flatnonzero(sel)], rate) if rate < alpha else (hi[at], lo[at])
+                )
+                hi[at], lo[at] = self._bars(est, table, first, np.isfinite(hi[at]), hop.n_eff[sel], rows[sel], rate,
+                                            min_effect)  # fmt: skip
         if not mixed.any():
-            return own
+            return (hi, lo) if own is not None or (rows[done] < table.window_len).any() else None
         half = alpha / 2
         second = self.surrogates.hop_thresholds(est, table, half, hop.u, hop.mixed_groups, hop.i, hop.j, pairs,
                                                 hop.mixed_mi, hop.mixed_n_eff, mixed, hop.end_tick, mixed)  # fmt: skip
         n2 = hop.mixed_n_eff[mixed]
         hi2, lo2 = second if second is not None else (np.full(len(n2), np.nan), np.full(len(n2), np.nan))
-        hi2 = np.where(np.isfinite(hi2), hi2, table.dependent_above(n2, half, min_effect))
-        lo2 = np.where(np.isfinite(lo2), lo2, table.independent_below(n2))
-        at = np.flatnonzero(mixed[done])  # positions among the done pairs
-        n1 = hop.n_eff[mixed]
-        hi1, lo1 = table.dependent_above(n1, half, min_effect), table.independent_below(n1)
-        if own is None:
-            own = (np.full(int(done.sum()), np.nan), np.full(int(done.sum()), np.nan))
-        had = np.isfinite(own[0][at])  # the first test's own null, at half the rate
-        mine_hi, mine_lo = main.thresholds([pairs[k] for k in np.flatnonzero(mixed)], half)
-        hi1 = np.where(had & np.isfinite(mine_hi), mine_hi, hi1)
-        lo1 = np.where(had & np.isfinite(mine_lo), mine_lo, lo1)
-        mi2 = hop.mixed_mi[mixed]
-        hi, lo = own[0].copy(), own[1].copy()
-        hi[at] = np.where(mi2 > np.maximum(hi2, min_effect), -NEVER, hi1)
-        lo[at] = np.where(mi2 < lo2, lo1, -NEVER)
+        rows2 = _rows(hop.mixed_groups, len(hop.i), table.window_len)[mixed]
+        hi2, lo2 = self._bars(est, table, (hi2, lo2), np.isfinite(hi2), n2, rows2, half, min_effect)
+        at, mi2 = np.flatnonzero(mixed[done]), hop.mixed_mi[mixed]
+        hi[at] = np.where(mi2 > np.maximum(hi2, min_effect), -NEVER, hi[at])
+        lo[at] = np.where(mi2 < lo2, lo[at], -NEVER)
         return hi, lo
+
+    def _bars(
+        self, est: Any, table: NullTable, own: tuple[np.ndarray, np.ndarray], has: np.ndarray, n_eff: np.ndarray,
+        rows: np.ndarray, alpha: float, min_effect: float,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(dependent_above, independent_below) of pairs: their own nulls' where ``has``, else the table's, at this
+        rate; the first never below white noise's on as many rows as the pair was estimated on."""
+        hi = np.where(has & np.isfinite(own[0]), own[0], table.dependent_above(n_eff, alpha, min_effect))
+        lo = np.where(has & np.isfinite(own[1]), own[1], table.independent_below(n_eff))
+        hi = np.maximum(hi, self._white_above(est, rows, alpha))
+        return hi, np.minimum(lo, hi)
+
+    def _white_above(self, est: Any, rows: np.ndarray, alpha: float) -> np.ndarray:
+        """The white-noise null's bar at this rate for windows of ``rows`` samples: interpolated in log-log between
+        the null tables at hand (shipped or cached: none is measured for this), held beyond them."""
+        if self._white is None:
+            self._white = {}
+            for n in WHITE_LENGTHS:
+                if calibration_origin(est.fingerprint, n) != "measure":
+                    self._white[n] = cached_calibration(est.fingerprint, est.estimate_batch, n, est.ties)
+        if not self._white:
+            return np.zeros(len(rows))
+        lengths = sorted(self._white)
+        bars = [self._white[n]._white_above(alpha) for n in lengths]
+        return np.exp(np.interp(np.log(np.maximum(rows, 1)), np.log(lengths), np.log(np.maximum(bars, 1e-12))))
 
     def forget(self, channels: set[str]) -> None:
         """Drop the nulls of pairs with a retired channel."""

@@ -54,8 +54,7 @@ class SurrogateNulls:
         self.n_surrogates = n_surrogates
         self.refresh_ns = refresh_ns
         self.max_pairs = max_pairs
-        # t_ns, mean, var, dof, n_eff (as the table indexes it), effective samples on the rows shifted
-        self._nulls: dict[tuple[str, str], tuple[int, float, float, float, float, float]] = {}
+        self._nulls: dict[tuple[str, str], tuple[int, float, float, float, float]] = {}  # t_ns, mean, var, dof, n_eff
         self.measured = 0  # pairs whose surrogate null was measured (a counter)
         self._above: set[tuple[str, str]] = set()  # smooth pairs above their bar at the last hop
 
@@ -80,11 +79,8 @@ class SurrogateNulls:
         pairs: list[tuple[str, str]],
         n_eff: np.ndarray,
         t_ns: int,
-        rows_share: float = 1.0,
     ) -> None:
-        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T). ``rows_share``: T over the
-        table's window length (a pair on its own rows): n_eff, indexed as the table's, counts samples on T rows
-        as proportionally fewer, while the spread of shifts and the tail's shape go by the rows' own count."""
+        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T)."""
         if not len(pairs):
             return
         s, t = self.n_surrogates, u.shape[1]
@@ -97,10 +93,9 @@ class SurrogateNulls:
         marg = marginal_histograms(both, grid)
         mi = estimate_histograms(pair_histograms(both, both, grid, idx, idx + n), marg[:n], marg[n:]).reshape(-1, s)
         mean, var = mi.mean(axis=1), mi.var(axis=1, ddof=1)
-        own = n_eff / rows_share
-        dof = np.clip(own / 2, 2.0, s)  # a window of n_eff independent samples holds about n_eff / 2 distinct shifts
+        dof = np.clip(n_eff / 2, 2.0, s)  # a window of n_eff independent samples holds about n_eff / 2 distinct shifts
         for k, pair in enumerate(pairs):
-            self._nulls[pair] = (t_ns, float(mean[k]), float(var[k]), float(dof[k]), float(n_eff[k]), float(own[k]))
+            self._nulls[pair] = (t_ns, float(mean[k]), float(var[k]), float(dof[k]), float(n_eff[k]))
         self.measured += len(pairs)
 
     def thresholds(self, pairs: list[tuple[str, str]], alpha: float) -> tuple[np.ndarray, np.ndarray]:
@@ -110,10 +105,10 @@ class SurrogateNulls:
         if not known:
             return hi, lo
         at = np.array([k for k, _ in known])
-        _, mean, var, dof, _, own = np.array([null for _, null in known], dtype=np.float64).T  # (6, K)
+        _, mean, var, dof, n_eff = np.array([null for _, null in known], dtype=np.float64).T  # (5, K)
         mean, var = np.maximum(mean, 1e-6), np.maximum(var, 1e-12)
         var_hi = var * (dof - 1) / chi2.ppf(0.05, dof - 1)
-        w = normal_weight(own)
+        w = normal_weight(n_eff)
         hi[at] = _quantile(mean, var_hi, alpha, w)
         lo[at] = _quantile(mean, var, 0.1, w)
         return hi, lo
@@ -147,13 +142,13 @@ class SurrogateNulls:
             return None
         due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff))
         due = due[np.argsort(-mi[due], kind="stable")][: self.max_pairs]  # the strongest first
-        self._measure_hop(est, u, groups, i, j, pairs, n_eff, due, t_ns, table.window_len)
+        self._measure_hop(est, u, groups, i, j, pairs, n_eff, due, t_ns)
         # a pair crossing its bar on a null measured on an earlier window is judged on a fresh one
         hi, lo = self.thresholds(pairs, alpha)
         # (only a new crossing: a pair that stayed above keeps its null until the refresh, within one budget)
         old = np.array([p in self._nulls and self._nulls[p][0] != t_ns and p not in self._above for p in pairs])
         again = np.flatnonzero(smooth & old & (mi > hi))[: max(0, self.max_pairs - len(due))]
-        self._measure_hop(est, u, groups, i, j, pairs, n_eff, again, t_ns, table.window_len)
+        self._measure_hop(est, u, groups, i, j, pairs, n_eff, again, t_ns)
         hi_all, _ = self.thresholds(pairs, alpha)
         self._above = {pairs[k] for k in np.flatnonzero(smooth & (mi > hi_all))}
         hi, lo = self.thresholds([pairs[k] for k in np.flatnonzero(done)], alpha)
@@ -172,7 +167,6 @@ class SurrogateNulls:
         n_eff: np.ndarray,
         due: np.ndarray,
         t_ns: int,
-        window_len: int,
     ) -> None:
         """Measure the nulls of the hop's pairs at indices ``due``, from the shared ranks or their group's."""
         if not len(due):
@@ -188,8 +182,7 @@ class SurrogateNulls:
             local = np.flatnonzero(chosen[idx])
             if local.size:
                 self.measure(est.estimate_histograms, est.grid, ranks, local, local + len(idx),
-                             [pairs[idx[k]] for k in local], n_eff[idx[local]], t_ns,
-                             ranks.shape[1] / window_len)  # fmt: skip
+                             [pairs[idx[k]] for k in local], n_eff[idx[local]], t_ns)  # fmt: skip
 
     def forget_channels(self, channels: set[str]) -> None:
         """Drop the nulls of every pair with a channel in ``channels`` (retired)."""
