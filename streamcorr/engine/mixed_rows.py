@@ -11,7 +11,7 @@ and independent again only when both are below their nulls' 90th percentiles. Th
 effective size) is the estimate on the slower channel's rows.
 
 A pair estimated on fewer rows than the window never gets a lower bar than white noise on as many rows (from
-the null tables of other window lengths at hand, interpolated): the estimator's spread grows as rows shrink,
+the null tables shipped for other window lengths, interpolated): the estimator's spread grows as rows shrink,
 and a smooth pair's own null, extrapolated far into its tail, does not always follow.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..estimate.significance import NullTable, estimate_own_rows
 from ..estimate.surrogates import SurrogateNulls
-from .changes import ChangeDetector, cached_calibration, calibration_origin
+from .changes import SHIPPED_NULL_DIR, ChangeDetector, cached_calibration, calibration_file_name
 from .hop import Hop
 
 __all__ = ["MIN_EXTRA", "MixedRows"]
@@ -115,11 +115,11 @@ class MixedRows:
 
     def _white_above(self, est: Any, rows: np.ndarray, alpha: float) -> np.ndarray:
         """The white-noise null's bar at this rate for windows of ``rows`` samples: interpolated in log-log between
-        the null tables at hand (shipped or cached: none is measured for this), held beyond them."""
+        the null tables shipped for these weights (none is measured for this), held beyond them."""
         if self._white is None:
             self._white = {}
             for n in WHITE_LENGTHS:
-                if calibration_origin(est.fingerprint, n) != "measure":
+                if (SHIPPED_NULL_DIR / calibration_file_name(est.fingerprint, n)).exists():  # the same on every machine
                     self._white[n] = cached_calibration(est.fingerprint, est.estimate_batch, n, est.ties)
         if not self._white:
             return np.zeros(len(rows))
