@@ -42,7 +42,7 @@ def _rows(groups: list[tuple[np.ndarray, np.ndarray]], n_pairs: int, window_len:
 
 
 class MixedRows:
-    """The second estimate of mixed-rate pairs (``estimate``) and the verdict of both (``thresholds``)."""
+    """The second estimate of mixed-rate pairs (``estimate``) and the bars of every pair (``hop_thresholds``)."""
 
     def __init__(self, n_surrogates: int, refresh_ns: int, significance: str = "effective") -> None:
         self.surrogates = SurrogateNulls(n_surrogates, refresh_ns)  # nulls on the every-new rows
@@ -110,7 +110,9 @@ class MixedRows:
         rate; the first never below white noise's on as many rows as the pair was estimated on."""
         hi = np.where(has & np.isfinite(own[0]), own[0], table.dependent_above(n_eff, alpha, min_effect))
         lo = np.where(has & np.isfinite(own[1]), own[1], table.independent_below(n_eff))
-        hi = np.maximum(hi, self._white_above(est, rows, alpha))
+        short = rows < table.window_len
+        if short.any():
+            hi[short] = np.maximum(hi[short], self._white_above(est, rows[short], alpha))
         return hi, np.minimum(lo, hi)
 
     def _white_above(self, est: Any, rows: np.ndarray, alpha: float) -> np.ndarray:
@@ -124,7 +126,7 @@ class MixedRows:
         if not self._white:
             return np.zeros(len(rows))
         lengths = sorted(self._white)
-        bars = [self._white[n]._white_above(alpha) for n in lengths]
+        bars = [self._white[n].white_above(alpha) for n in lengths]
         return np.exp(np.interp(np.log(np.maximum(rows, 1)), np.log(lengths), np.log(np.maximum(bars, 1e-12))))
 
     def forget(self, channels: set[str]) -> None:

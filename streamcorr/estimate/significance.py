@@ -313,7 +313,7 @@ class NullTable:
     def _at(self, values: tuple[float, ...], n_eff: np.ndarray) -> np.ndarray:
         return np.interp(np.log(np.maximum(n_eff, MIN_N_EFF)), self.log_n_eff, values)
 
-    def _white_above(self, alpha: float) -> float:
+    def white_above(self, alpha: float) -> float:
         if alpha >= 0.01:  # between the measured q90 and q99, log-linearly
             return self.white_q90 + (self.white_q99 - self.white_q90) * math.log10(0.1 / alpha)
         return self.white_q99 + self.white_scale * math.log(0.01 / alpha)
@@ -323,7 +323,7 @@ class NullTable:
         n_eff = np.asarray(n_eff, dtype=np.float64)
         tail = max(0.0, math.log(0.1 / alpha))
         bins = self._at(self.q90, n_eff) + self._at(self.tail_scale, n_eff) * tail
-        white = self._white_above(alpha)
+        white = self.white_above(alpha)
         # a smaller effective size never gets a lower bar than white noise
         return np.maximum(np.where(n_eff >= self.white_from, white, np.maximum(bins, white)), min_effect)
 

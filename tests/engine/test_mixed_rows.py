@@ -15,6 +15,6 @@ def test_a_pair_on_fewer_rows_gets_white_noises_bar_on_as_many_rows():
     bars = mixed._white_above(est, np.array([128, 256, 362, 512, 1024, 4096]), 1e-4)
     for rows, bar in ((256, bars[1]), (512, bars[3]), (1024, bars[4])):
         table = cached_calibration(est.fingerprint, est.estimate_batch, rows, est.ties)
-        assert np.isclose(bar, table._white_above(1e-4))
+        assert np.isclose(bar, table.white_above(1e-4))
     assert bars[0] > bars[1] > bars[2] > bars[3] > bars[4] >= bars[5] > 0
     assert np.isclose(bars[2], np.sqrt(bars[1] * bars[3]), rtol=0.01)  # 362 rows: halfway in log between 256 and 512
