@@ -196,9 +196,9 @@ class DaemonMetrics(Collector):
                 stages.add_metric([stage], sec)
             yield stages
             paths = CounterMetricFamily(
-                "streamcorr_engine_path", "Fast-path and lag-search counts", labels=["path", "count"]
+                "streamcorr_engine_path", "Fast-path, lag-search and significance counts", labels=["path", "count"]
             )
-            for path, part in (("fast", engine.fast), ("lags", engine.lags)):
+            for path, part in (("fast", engine.fast), ("lags", engine.lags), ("significance", engine.mixed)):
                 for key, x in ({} if part is None else part.counts).items():
                     paths.add_metric([path, key], x)
             yield paths

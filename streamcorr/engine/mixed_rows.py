@@ -20,16 +20,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy.stats import norm
 
-from ..estimate.significance import NullTable, estimate_own_rows
+from ..estimate.significance import WHITE_FROM, NullTable, estimate_own_rows
 from ..estimate.surrogates import SurrogateNulls
 from .changes import SHIPPED_NULL_DIR, ChangeDetector, cached_calibration, calibration_file_name
 from .hop import Hop
+from .smooth_folds import fold_bar, fold_scores
 
 __all__ = ["MIN_EXTRA", "MixedRows"]
 
 MIN_EXTRA = 1.2  # a few ticks of jitter make two nearly equal row sets: one test is enough there
 NEVER = 1e9  # nats: a bar no estimate crosses (finite: the detector reads NaN as "the table decides")
+# max of the two folds' z on an independent pair stays below this 99 evaluations in 100: a dependent pair whose folds
+# are above it stays dependent (a wider band than the levels' 90th percentile: a weak fold lingers after a decoupling)
+FOLD_HOLD = float(norm.isf((1 - 0.99**0.5) / 2))
 WHITE_LENGTHS = (64, 128, 256, 512, 1024, 2048)  # null tables read for white noise's bar on a pair's own rows
 
 
@@ -47,7 +52,8 @@ class MixedRows:
     def __init__(self, n_surrogates: int, refresh_ns: int, significance: str = "effective") -> None:
         self.surrogates = SurrogateNulls(n_surrogates, refresh_ns)  # nulls on the every-new rows
         self.on = significance == "effective"  # "iid": every tick counts as independent, one test
-        self.pairs = 0  # pair estimates made on the second row set (a counter)
+        # pair estimates made on the second row set; smooth pairs' folds scored, and those that showed dependence
+        self.counts = dict.fromkeys(("second_row_pairs", "fold_pairs", "fold_shown"), 0)
         self._white: dict[int, NullTable] | None = None  # null tables by window length, for white noise's bars
 
     def estimate(self, est: Any, hop: Hop, own: np.ndarray) -> None:
@@ -62,7 +68,7 @@ class MixedRows:
         if hop.mixed.any():
             estimate_own_rows(est, hop.window, fresh, valid, i, j, hop.mixed, hop.mixed_mi, hop.mixed_n_eff,
                               hop.mixed_groups, every_new=True)  # fmt: skip
-            self.pairs += int(hop.mixed.sum())
+            self.counts["second_row_pairs"] += int(hop.mixed.sum())
 
     def hop_thresholds(
         self, est: Any, main: SurrogateNulls, table: NullTable, detector: ChangeDetector, hop: Hop,
@@ -70,8 +76,10 @@ class MixedRows:
     ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
         """The detector's per-pair (dependent_above, independent_below) for the hop's done pairs, NaN where the table
         decides: smooth pairs' and held channels' surrogate nulls (``main``, on the slower channel's rows), never below
-        white noise's on as many rows, with each mixed-rate pair's two tests folded into the bars of the value
-        shown: crossed when either test shows dependence, and never while the second does."""
+        white noise's on as many rows, with each mixed-rate pair's second test and each smooth pair's folded
+        innovations (:mod:`streamcorr.engine.smooth_folds`) folded into the bars of the value shown: crossed when any
+        test shows dependence, and never while one of the others does. A pair's rate is shared: half to the second
+        test where it has one, then half of the rest to the folds where it is smooth."""
         alpha, min_effect, done = detector.alpha, detector.min_effect, hop.done
         repeating = hop.repeats[hop.i] | hop.repeats[hop.j]  # a held channel: near-copy rows beside a smooth one
         own = main.hop_thresholds(est, table, alpha, hop.u, hop.groups, hop.i, hop.j, pairs, hop.mi, hop.n_eff,
@@ -80,27 +88,60 @@ class MixedRows:
         hi, lo = own if own is not None else (np.full(nd, np.nan), np.full(nd, np.nan))
         rows = _rows(hop.groups, len(hop.i), table.window_len)
         mixed = hop.mixed & done & np.isfinite(hop.mixed_mi)
-        for rate, sel in ((alpha, done & ~mixed), (alpha / 2, mixed)):  # a mixed pair's first test: half the rate
+        smooth = done & (hop.n_eff < WHITE_FROM * rows) & (self.on and est.prewhiten != "ar")
+        rate = alpha / np.where(mixed, 2, 1) / np.where(smooth, 2, 1)  # (P,) each test's of the levels and second
+        for r in np.unique(rate[done]).tolist():
+            sel = done & (rate == r)
             at = np.flatnonzero(sel[done])
-            if sel.any() and (rate < alpha or (rows[sel] < table.window_len).any()):
-                first = (
-                    main.thresholds([pairs[k] for k in np.flatnonzero(sel)], rate) if rate < alpha else (hi[at], lo[at])
-                )
-                hi[at], lo[at] = self._bars(est, table, first, np.isfinite(hi[at]), hop.n_eff[sel], rows[sel], rate,
+            if r < alpha or (rows[sel] < table.window_len).any():
+                first = main.thresholds([pairs[k] for k in np.flatnonzero(sel)], r) if r < alpha else (hi[at], lo[at])
+                hi[at], lo[at] = self._bars(est, table, first, np.isfinite(hi[at]), hop.n_eff[sel], rows[sel], r,
                                             min_effect)  # fmt: skip
-        if not mixed.any():
-            return (hi, lo) if own is not None or (rows[done] < table.window_len).any() else None
-        half = alpha / 2
-        second = self.surrogates.hop_thresholds(est, table, half, hop.u, hop.mixed_groups, hop.i, hop.j, pairs,
-                                                hop.mixed_mi, hop.mixed_n_eff, mixed, hop.end_tick, mixed)  # fmt: skip
+        up = np.zeros(len(hop.i), dtype=bool)  # (P,) another test shows dependence
+        hold = np.zeros(len(hop.i), dtype=bool)  # (P,) another test is not below its independent bar
+        if smooth.any():
+            at = np.flatnonzero(smooth)
+            z = fold_scores(est, hop.window, hop.fresh, hop.valid, np.stack([hop.i[at], hop.j[at]], axis=1))
+            with np.errstate(invalid="ignore"):
+                # negligible dependence stays independent, however clearly shown
+                up[at] = (z > fold_bar(alpha / 2)) & (hop.mi[at] > min_effect)
+                hold[at] = z > FOLD_HOLD
+            self.counts["fold_pairs"] += len(at)
+            self.counts["fold_shown"] += int(up.sum())
+        if mixed.any():
+            up2, hold2 = self._second(est, table, hop, pairs, mixed, rate, min_effect)
+            up |= up2
+            hold |= hold2
+        if not (up | hold).any():
+            return (hi, lo) if own is not None or (rows[done] < table.window_len).any() or smooth.any() else None
+        hi[up[done]] = -NEVER
+        lo[hold[done]] = -NEVER
+        return hi, lo
+
+    def _second(
+        self, est: Any, table: NullTable, hop: Hop, pairs: list[tuple[str, str]], mixed: np.ndarray, rate: np.ndarray,
+        min_effect: float,
+    ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """(P,) the mixed-rate pairs whose estimate on every new row is above its null at the pair's rate, and those
+        not below its 90th percentile."""
+        r2 = rate[mixed]
+        sur = self.surrogates
+        second = sur.hop_thresholds(est, table, float(r2.max()), hop.u, hop.mixed_groups, hop.i, hop.j, pairs,
+                                    hop.mixed_mi, hop.mixed_n_eff, mixed, hop.end_tick, mixed)  # fmt: skip
         n2 = hop.mixed_n_eff[mixed]
         hi2, lo2 = second if second is not None else (np.full(len(n2), np.nan), np.full(len(n2), np.nan))
+        if (r2 < r2.max()).any():  # smooth ones: their null read at their smaller share
+            lower, _ = self.surrogates.thresholds([pairs[k] for k in np.flatnonzero(mixed)], float(r2.min()))
+            hi2 = np.where(r2 < r2.max(), lower, hi2)
         rows2 = _rows(hop.mixed_groups, len(hop.i), table.window_len)[mixed]
-        hi2, lo2 = self._bars(est, table, (hi2, lo2), np.isfinite(hi2), n2, rows2, half, min_effect)
-        at, mi2 = np.flatnonzero(mixed[done]), hop.mixed_mi[mixed]
-        hi[at] = np.where(mi2 > np.maximum(hi2, min_effect), -NEVER, hi[at])
-        lo[at] = np.where(mi2 < lo2, lo[at], -NEVER)
-        return hi, lo
+        mi2, at = hop.mixed_mi[mixed], np.flatnonzero(mixed)
+        up, hold = np.zeros(len(hop.i), dtype=bool), np.zeros(len(hop.i), dtype=bool)
+        for r in np.unique(r2).tolist():
+            s = r2 == r
+            bar, low = self._bars(est, table, (hi2[s], lo2[s]), np.isfinite(hi2[s]), n2[s], rows2[s], r, min_effect)
+            up[at[s]] = mi2[s] > np.maximum(bar, min_effect)
+            hold[at[s]] = ~(mi2[s] < low)
+        return up, hold
 
     def _bars(
         self, est: Any, table: NullTable, own: tuple[np.ndarray, np.ndarray], has: np.ndarray, n_eff: np.ndarray,
@@ -112,10 +153,10 @@ class MixedRows:
         lo = np.where(has & np.isfinite(own[1]), own[1], table.independent_below(n_eff))
         short = rows < table.window_len
         if short.any():
-            hi[short] = np.maximum(hi[short], self._white_above(est, rows[short], alpha))
+            hi[short] = np.maximum(hi[short], self.white_above(est, rows[short], alpha))
         return hi, np.minimum(lo, hi)
 
-    def _white_above(self, est: Any, rows: np.ndarray, alpha: float) -> np.ndarray:
+    def white_above(self, est: Any, rows: np.ndarray, alpha: float) -> np.ndarray:
         """The white-noise null's bar at this rate for windows of ``rows`` samples: interpolated in log-log between
         the null tables shipped for these weights (none is measured for this), held beyond them."""
         if self._white is None:

@@ -31,7 +31,7 @@ from ..estimate.significance import autocorrelation, pair_n_eff, pair_rows, prew
 from .changes import ChangeEvent
 from .settings import FOLDS
 
-__all__ = ["FOLDS", "FOLD_BINS", "ONSET_SPAN", "Fold", "fold_bins", "folded", "innovation_estimates",
+__all__ = ["FOLDS", "FOLD_BINS", "MIN_BIN", "ONSET_SPAN", "Fold", "fold_bins", "folded", "innovation_estimates",
            "innovation_tests", "local_slopes", "newest_rows", "onsets", "short_estimates", "window_onsets"]  # fmt: skip
 
 ONSET_SPAN = 1024  # rows the onset of a new dependence is searched over

@@ -12,7 +12,7 @@ def test_a_pair_on_fewer_rows_gets_white_noises_bar_on_as_many_rows():
     log-log between their lengths): higher the fewer the rows, equal to a table's own at its length."""
     est = default_estimator()
     mixed = MixedRows(20, 10**10)
-    bars = mixed._white_above(est, np.array([128, 256, 362, 512, 1024, 4096]), 1e-4)
+    bars = mixed.white_above(est, np.array([128, 256, 362, 512, 1024, 4096]), 1e-4)
     for rows, bar in ((256, bars[1]), (512, bars[3]), (1024, bars[4])):
         table = cached_calibration(est.fingerprint, est.estimate_batch, rows, est.ties)
         assert np.isclose(bar, table.white_above(1e-4))
