@@ -5,7 +5,9 @@
 Two engines on the same pushed samples, their hops interleaved: the defaults, and the settings that treat
 every tick as an independent sample (``repeated_rows: keep``, ``significance: iid``, ``surrogates: 0``).
 Cases: 64 white channels at 100 Hz with every pair dependent (a common factor), window 1024, every pair by
-the network each 1-s hop; and 256 channels with screening on (white, a few dependent pairs). Reported: the
+the network each 1-s hop; the same with smooth channels (AR(1), 0.5-s time constants: every pair gets its own
+surrogate null and the folded-innovation test); and 256 channels with screening on (white, a few dependent
+pairs). Reported: the
 median hop time of each, the ratio, and the time in the significance stage. Results go to
 bench/results/significance_cost.json and .md.
 """
@@ -17,6 +19,7 @@ import json
 import time
 
 import numpy as np
+from scipy.signal import lfilter
 
 from bench.common import environment, write_results
 from streamcorr.engine.core import Engine, EngineConfig
@@ -27,6 +30,9 @@ BEFORE = {"repeated_rows": "keep", "significance": "iid", "surrogates": 0}
 def _data(case: str, channels: int, n: int, rng: np.random.Generator) -> np.ndarray:
     if case == "dense":  # every pair dependent: one common factor
         return rng.standard_normal((1, n)) + 0.8 * rng.standard_normal((channels, n))
+    if case == "smooth":  # every pair dependent, each channel smooth (0.5-s time constants at 100 Hz)
+        x = lfilter([1.0], [1.0, -0.98], rng.standard_normal((channels + 1, n + 2000)), axis=1)[:, 2000:]
+        return x[:1] + 0.8 * x[1:]
     x = rng.standard_normal((channels, n))
     x[1::16] = x[0::16][: len(x[1::16])] ** 2 + 0.3 * rng.standard_normal((len(x[1::16]), n))
     return x
@@ -73,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hops", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="16 and 64 channels, window 256, 5 hops (a smoke run)")
     args = ap.parse_args(argv)
-    cases = [("dense", 64, 1024), ("screened", 256, 1024)]
+    cases = [("dense", 64, 1024), ("smooth", 64, 1024), ("screened", 256, 1024)]
     if args.quick:
-        cases, args.hops = [("dense", 16, 256), ("screened", 64, 256)], 5
+        cases, args.hops = [("dense", 16, 256), ("smooth", 16, 256), ("screened", 64, 256)], 5
     rows = [run_case(c, ch, w, args.hops) for c, ch, w in cases]
     for r in rows:
         print(json.dumps(r), flush=True)

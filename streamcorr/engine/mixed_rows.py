@@ -132,7 +132,7 @@ class MixedRows:
         hi2, lo2 = second if second is not None else (np.full(len(n2), np.nan), np.full(len(n2), np.nan))
         if (r2 < r2.max()).any():  # smooth ones: their null read at their smaller share
             lower, _ = self.surrogates.thresholds([pairs[k] for k in np.flatnonzero(mixed)], float(r2.min()))
-            hi2 = np.where(r2 < r2.max(), lower, hi2)
+            hi2 = np.where((r2 < r2.max()) & np.isfinite(hi2), lower, hi2)  # where the null decides at all
         rows2 = _rows(hop.mixed_groups, len(hop.i), table.window_len)[mixed]
         mi2, at = hop.mixed_mi[mixed], np.flatnonzero(mixed)
         up, hold = np.zeros(len(hop.i), dtype=bool), np.zeros(len(hop.i), dtype=bool)
