@@ -13,6 +13,9 @@ effective size) is the estimate on the slower channel's rows.
 A pair estimated on fewer rows than the window never gets a lower bar than white noise on as many rows (from
 the null tables shipped for other window lengths, interpolated): the estimator's spread grows as rows shrink,
 and a smooth pair's own null, extrapolated far into its tail, does not always follow.
+
+The bars of every pair are set here (``MixedRows.hop_thresholds``), a smooth pair's second test on its folded
+innovations included (:mod:`streamcorr.engine.smooth_folds`).
 """
 
 from __future__ import annotations
