@@ -301,7 +301,7 @@ def test_run_command_serves_metrics_and_stops_cleanly_on_sigterm(mqtt_broker, tm
         metrics = urllib.request.urlopen(f"{url}/metrics", timeout=2).read().decode()
         assert 'streamcorr_samples_ingested_total{source="mqtt0"} 600.0' in metrics
         assert "streamcorr_hop_seconds_bucket" in metrics and "streamcorr_queue_depth" in metrics
-        assert 'streamcorr_engine_path_total{path="significance",count="fold_pairs"}' in metrics
+        assert 'streamcorr_engine_path_total{count="fold_pairs",path="significance"}' in metrics
         rss = re.search(r"^process_resident_memory_bytes (\S+)$", metrics, re.M)  # the daemon's own memory
         assert rss is not None and float(rss.group(1)) > 50e6
         proc.send_signal(signal.SIGTERM)
