@@ -7,9 +7,11 @@ channel's level (:func:`streamcorr.engine.short_windows.local_slopes`); the bins
 read as the normal quantile of the same two-sided tail (a z-score), and judged against a normal tail. Here every
 pair of ``--channels`` independent channels from the null calibration's families (white, AR(1) with time constants
 of 1-1,000 samples, oscillating AR(2), moving averages, random walks; some with measurement noise or quantised) is
-scored on the newest 128, 256 and 512 rows of a 1,024-sample window, ``--windows`` times. Reported per length:
-pairs scored, the share of z-scores above 3, 4, 4.5 and 5 beside the two-sided normal tail, the largest, and the
-bar the engine sets at the reaction bench's size (16 channels at 100 Hz, window 1024, hop 50) and at 256 channels.
+scored on the newest 128, 256 and 512 rows of a 1,024-sample window (the sentinel's lengths) and on the whole
+window (the window's test of smooth pairs, :mod:`streamcorr.engine.smooth_folds`), ``--windows`` times. Reported
+per length: pairs scored, the share of z-scores above 3, 4, 4.5 and 5 beside the two-sided normal tail, the
+largest, and the bar the engine sets at the reaction bench's size (16 channels at 100 Hz, window 1024, hop 50)
+and at 256 channels.
 Results go to bench/results/fold_tail.json and .md.
 """
 
@@ -24,20 +26,23 @@ from scipy.stats import norm
 from bench.common import environment, write_results
 from streamcorr.engine.core import Engine, EngineConfig
 from streamcorr.engine.short_windows import innovation_estimates
+from streamcorr.engine.smooth_folds import fold_bar
 from streamcorr.estimate.estimator import default_estimator
 from streamcorr.estimate.significance import null_processes
 
-LENGTHS = (128, 256, 512)
+LENGTHS = (128, 256, 512, 1024)
 BARS = (3.0, 4.0, 4.5, 5.0)
 WINDOW = 1024
 
 
 def engine_bars(channels: int) -> dict[int, float]:
-    """The folds' z bar per length for an engine of this many channels (100 Hz, window 1024, hop 50)."""
+    """The folds' z bar per length for an engine of this many channels (100 Hz, window 1024, hop 50): the
+    sentinel's, and the window's for a smooth pair (each fold at half its share)."""
     names = [f"c{k:03d}" for k in range(channels)]
     eng = Engine(EngineConfig(channels=names, rate_hz=100.0, window_len=WINDOW, hop_samples=50, fast=True))
     assert eng.fast is not None
-    return {m: eng.fast.sentinel.fold_z(m) for m in eng.fast.sentinel.innovation_lengths}
+    bars = {m: eng.fast.sentinel.fold_z(m) for m in eng.fast.sentinel.innovation_lengths}
+    return bars | {WINDOW: fold_bar(eng.detector.alpha / 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
