@@ -23,21 +23,17 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 from ..estimate.significance import WHITE_FROM, NullTable, estimate_own_rows
 from ..estimate.surrogates import SurrogateNulls
 from .changes import SHIPPED_NULL_DIR, ChangeDetector, cached_calibration, calibration_file_name
 from .hop import Hop
-from .smooth_folds import fold_bar, fold_scores
+from .smooth_folds import FOLD_HOLD, fold_bar, fold_scores
 
 __all__ = ["MIN_EXTRA", "MixedRows"]
 
 MIN_EXTRA = 1.2  # a few ticks of jitter make two nearly equal row sets: one test is enough there
 NEVER = 1e9  # nats: a bar no estimate crosses (finite: the detector reads NaN as "the table decides")
-# max of the two folds' z on an independent pair stays below this 99 evaluations in 100: a dependent pair whose folds
-# are above it stays dependent (a wider band than the levels' 90th percentile: a weak fold lingers after a decoupling)
-FOLD_HOLD = float(norm.isf((1 - 0.99**0.5) / 2))
 WHITE_LENGTHS = (64, 128, 256, 512, 1024, 2048)  # null tables read for white noise's bar on a pair's own rows
 
 
@@ -115,8 +111,8 @@ class MixedRows:
             up2, hold2 = self._second(est, table, hop, pairs, mixed, rate, min_effect)
             up |= up2
             hold |= hold2
-        if not (up | hold).any():
-            return (hi, lo) if own is not None or (rows[done] < table.window_len).any() or smooth.any() else None
+        if own is None and (rate[done] == alpha).all() and (rows[done] == table.window_len).all():
+            return None  # every bar is the table's at the full rate: the detector's own
         hi[up[done]] = -NEVER
         lo[hold[done]] = -NEVER
         return hi, lo
@@ -134,7 +130,7 @@ class MixedRows:
         n2 = hop.mixed_n_eff[mixed]
         hi2, lo2 = second if second is not None else (np.full(len(n2), np.nan), np.full(len(n2), np.nan))
         if (r2 < r2.max()).any():  # smooth ones: their null read at their smaller share
-            lower, _ = self.surrogates.thresholds([pairs[k] for k in np.flatnonzero(mixed)], float(r2.min()))
+            lower, _ = sur.thresholds([pairs[k] for k in np.flatnonzero(mixed)], float(r2.min()))
             hi2 = np.where((r2 < r2.max()) & np.isfinite(hi2), lower, hi2)  # where the null decides at all
         rows2 = _rows(hop.mixed_groups, len(hop.i), table.window_len)[mixed]
         mi2, at = hop.mixed_mi[mixed], np.flatnonzero(mixed)

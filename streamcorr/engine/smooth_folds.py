@@ -22,9 +22,12 @@ from ..estimate.copula import rank_transform
 from ..estimate.significance import autocorrelation, pair_n_eff, pair_rows, prewhiten
 from .short_windows import FOLD_BINS, MIN_BIN, fold_bins
 
-__all__ = ["MIN_ROWS", "bin_chi2", "fold_bar", "fold_scores"]
+__all__ = ["FOLD_HOLD", "MIN_ROWS", "bin_chi2", "fold_bar", "fold_scores"]
 
 MIN_ROWS = 64  # fewer rows leave a quartile bin too few for its correlation to count
+# the larger of the two folds' z on an independent pair stays below this 99 evaluations in 100: a dependent pair whose
+# folds are above it stays dependent (wider than the levels' 90th percentile: a weak fold lingers after a decoupling)
+FOLD_HOLD = float(norm.isf((1 - 0.99**0.5) / 2))
 
 
 def fold_bar(alpha: float) -> float:
