@@ -152,25 +152,44 @@ class InfoNet(nn.Module):
 
     def forward(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         """Histograms (B, G, G), marginals (B, G) -> lookup table theta (B, G, G)."""
-        cfg = self.cfg
-        b, g, p, s = hist.shape[0], cfg.grid, cfg.patch, self.n_side
+        feats, tokens, lat = self.inputs(hist, mx, my)
+        lat = self.encode(lat, tokens)  # (B, M, d)
+        for blk in self.process:
+            lat = blk(lat)
+        return self.table(self.decode(tokens, lat), lat, feats)
+
+    def inputs(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Features (B, 2, G, G), embedded tokens (B, S*S, d) and the latents' start (B, M, d)."""
+        p, s = self.cfg.patch, self.n_side
+        b = hist.shape[0]
         feats = input_features(hist, mx, my)  # (B, 2, G, G)
         tokens = feats.view(b, 2, s, p, s, p).permute(0, 2, 4, 1, 3, 5).reshape(b, s * s, 2 * p * p)
         n = hist.sum(dim=(1, 2)).clamp_min(1.0)
         length = self.len_embed(((torch.log(n) - math.log(1000.0)) / 2.0)[:, None])[:, None, :]  # (B, 1, d)
         tokens = self.embed(tokens) + self.pos + length  # (B, S*S, d)
-        lat = self.encode(self.latents.expand(b, -1, -1) + length, tokens)  # (B, M, d)
-        for blk in self.process:
-            lat = blk(lat)
-        c, d = cfg.out_channels, cfg.d_model
+        return feats, tokens, self.latents.expand(b, -1, -1) + length
+
+    def head_planes(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Decoded tokens (B, S*S, d) -> the head's output (B, S*S, C*p*p), each token's rows channel-major."""
+        c, d, p = self.cfg.out_channels, self.cfg.d_model, self.cfg.patch
         # the head's rows reordered channel-major (the same products): each channel's table is then contiguous
         # along the grid, which a compiler needs to vectorise the per-node MLP below
         weight = self.head.weight.view(p, p, c, d).permute(2, 0, 1, 3).reshape(c * p * p, d)
         bias = self.head.bias.view(p, p, c).permute(2, 0, 1).reshape(c * p * p)
-        out = F.linear(self.norm_out(self.decode(tokens, lat)), weight, bias)  # (B, S*S, C*p*p)
+        return F.linear(self.norm_out(tokens), weight, bias)
+
+    def gate_of(self, lat: torch.Tensor) -> torch.Tensor:
+        """The smoother blend a (B, 1, 1) in (0, 1) read from the processed latents (two smoothers only)."""
+        return torch.sigmoid(self.gate(lat.float().mean(dim=1)))[:, :, None]
+
+    def table(self, tokens: torch.Tensor, lat: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """Decoded tokens, processed latents and features -> the smoothed table theta (B, G, G)."""
+        cfg = self.cfg
+        b, g, p, s, c = tokens.shape[0], cfg.grid, cfg.patch, self.n_side, cfg.out_channels
+        out = self.head_planes(tokens)  # (B, S*S, C*p*p)
         planes = out.float().view(b, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, c, g, g)  # (B, C, G, G)
         # the table stays fp32 under autocast: bf16 rounding of theta moves the DV read-out by ~0.005 nats
-        with torch.autocast(hist.device.type, enabled=False):
+        with torch.autocast(tokens.device.type, enabled=False):
             if torch.compiler.is_compiling():  # written out, it fuses into one vectorised kernel (2x the network)
                 theta = unrolled_mlp([*planes.unbind(1), *feats.unbind(1)], self.node_mlp)
             else:
@@ -178,7 +197,7 @@ class InfoNet(nn.Module):
                 theta = self.node_mlp(nodes)[..., 0]  # (B, G, G)
             if cfg.smoothers == 1:
                 return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
-            a = torch.sigmoid(self.gate(lat.float().mean(dim=1)))[:, :, None]  # (B, 1, 1)
+            a = self.gate_of(lat)  # (B, 1, 1)
             # A theta A^T for A = (1 - a) A0 + a A1, written with the shared matrices (exactly equal): a
             # per-window (B, G, G) smoother costs more as a batched product than these four shared ones
             left = (1.0 - a) * (self.smoother @ theta) + a * (self.smoother_sharp @ theta)  # A theta

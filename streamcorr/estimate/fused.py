@@ -1,0 +1,258 @@
+"""InfoNet's blocks and its table read-out as fused Triton kernels (the CUDA path's network).
+
+Run through torch, a transformer block over a batch is a dozen kernels, each reading
+and writing (B, 16, 64) activations, and the table's tail (node MLP, smoother, DV
+read-out) another dozen over (B, G, G) planes: about 1 MB of device memory traffic
+per pair, which bounds the network far below the card's arithmetic. Here one kernel
+runs a whole block for a tile of pairs, and one kernel turns a pair's head output,
+histogram and marginals into its MI; activations stay on the chip. The inputs stage
+(features, token embedding) and the head's product stay in torch.
+
+The kernels compute the same function as ``InfoNet`` under bfloat16 autocast:
+matrix products take bf16 operands and accumulate in fp32, everything else is fp32.
+Tests run them on the CPU with ``TRITON_INTERPRET=1`` (fp32 operands there).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .model import InfoNet
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the extra is not installed, or no CUDA toolchain: the torch path serves
+    triton = None
+
+__all__ = ["FusedInfoNet", "fused_available"]
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def fused_available(model: InfoNet, device: torch.device) -> bool:
+    """Whether the fused kernels serve this network here (CUDA, or the CPU interpreter in tests)."""
+    cfg = model.cfg
+    return (
+        triton is not None
+        and (device.type == "cuda" or _INTERPRET)
+        and os.environ.get("STREAMCORR_FUSED", "1") != "0"
+        and cfg.n_latents == (cfg.grid // cfg.patch) ** 2  # cross-attention pairs rows of equal count
+        and cfg.out_channels == 4
+        and cfg.d_model % cfg.n_heads == 0
+        and (cfg.d_model // cfg.n_heads) >= 16
+    )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tile(ptr, row0, col0, ld, ROWS: tl.constexpr, COLS: tl.constexpr):
+        """M[row0:row0+ROWS, col0:col0+COLS] of a row-major matrix with leading dimension ld."""
+        r = tl.arange(0, ROWS)
+        c = tl.arange(0, COLS)
+        return tl.load(ptr + (row0 + r)[:, None] * ld + (col0 + c)[None, :])
+
+    @triton.jit
+    def _vec(ptr, off, N: tl.constexpr):
+        return tl.load(ptr + off + tl.arange(0, N))
+
+    @triton.jit
+    def _layer_norm(x, w_ptr, b_ptr, D: tl.constexpr, eps):
+        mean = tl.sum(x, 1) / D
+        xc = x - mean[:, None]
+        var = tl.sum(xc * xc, 1) / D
+        return xc / tl.sqrt(var + eps)[:, None] * _vec(w_ptr, 0, D)[None, :] + _vec(b_ptr, 0, D)[None, :]
+
+    @triton.jit
+    def _gelu(x):
+        return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+    @triton.jit
+    def _block_kernel(
+        x_ptr, c_ptr, o_ptr, n_rows,
+        lnx_w, lnx_b, lnc_w, lnc_b, wq, bq, wkv, bkv, wo, bo, lnf_w, lnf_b, w1, b1, w2, b2,
+        eps, scale,
+        HAS_CTX: tl.constexpr, R: tl.constexpr, SEQ: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
+        F: tl.constexpr, DOT: tl.constexpr,
+    ):  # fmt: skip
+        """One pre-norm block (attention, then feed-forward) for R rows = R / SEQ pairs; weights transposed (in, out)."""
+        HD: tl.constexpr = D // H
+        r = tl.program_id(0) * R + tl.arange(0, R)
+        live = r < n_rows
+        d = tl.arange(0, D)
+        x = tl.load(x_ptr + r[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+        xn = _layer_norm(x, lnx_w, lnx_b, D, eps)
+        if HAS_CTX:
+            c = tl.load(c_ptr + r[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+            cd = _layer_norm(c, lnc_w, lnc_b, D, eps).to(DOT)
+        else:
+            cd = xn.to(DOT)
+        xd = xn.to(DOT)
+        # a row attends only to the rows of its own pair: a block-diagonal mask over the tile
+        pair = tl.arange(0, R) // SEQ
+        same = pair[:, None] == pair[None, :]
+        acc = tl.zeros((R, D), tl.float32) + _vec(bo, 0, D)[None, :]
+        for h in tl.static_range(H):
+            q = tl.dot(xd, _tile(wq, 0, h * HD, D, D, HD).to(DOT)) + _vec(bq, h * HD, HD)[None, :]
+            k = tl.dot(cd, _tile(wkv, 0, h * HD, 2 * D, D, HD).to(DOT)) + _vec(bkv, h * HD, HD)[None, :]
+            v = tl.dot(cd, _tile(wkv, 0, D + h * HD, 2 * D, D, HD).to(DOT)) + _vec(bkv, D + h * HD, HD)[None, :]
+            s = tl.dot(q.to(DOT), tl.trans(k.to(DOT))) * scale
+            s = tl.where(same, s, float("-inf"))
+            p = tl.exp(s - tl.max(s, 1)[:, None])
+            p = p / tl.sum(p, 1)[:, None]
+            o = tl.dot(p.to(DOT), v.to(DOT))  # (R, HD)
+            acc += tl.dot(o.to(DOT), _tile(wo, h * HD, 0, D, HD, D).to(DOT))
+        x = x + acc
+        f = tl.dot(_layer_norm(x, lnf_w, lnf_b, D, eps).to(DOT), _tile(w1, 0, 0, F, D, F).to(DOT))
+        f = _gelu(f + _vec(b1, 0, F)[None, :])
+        x = x + tl.dot(f.to(DOT), _tile(w2, 0, 0, D, F, D).to(DOT)) + _vec(b2, 0, D)[None, :]
+        tl.store(o_ptr + r[:, None] * D + d[None, :], x, mask=live[:, None])
+
+    @triton.jit
+    def _node_weight(w1, k, c, CIN: tl.constexpr):
+        return tl.load(w1 + k * CIN + c)
+
+    @triton.jit
+    def _tail_kernel(
+        head_ptr, hist_ptr, mx_ptr, my_ptr, gate_ptr, s0_ptr, s1_ptr, w1, b1, w2, b2, out_ptr,
+        G: tl.constexpr, P: tl.constexpr, S: tl.constexpr, NH: tl.constexpr, RC: tl.constexpr,
+        TWO: tl.constexpr, PREC: tl.constexpr,
+    ):  # fmt: skip
+        """MI of one pair: features, per-node MLP over 4 head planes, A theta A^T, DV read-out over its histogram."""
+        b = tl.program_id(0)
+        g = tl.arange(0, G)
+        hist = hist_ptr + b * G * G
+        h = tl.load(hist + g[:, None] * G + g[None, :]).to(tl.float32)
+        n = tl.maximum(tl.sum(tl.sum(h, 1), 0), 1.0)
+        mx = tl.load(mx_ptr + b * G + g)
+        my = tl.load(my_ptr + b * G + g)
+        a = 0.0
+        if TWO:
+            a = tl.load(gate_ptr + b)
+        width: tl.constexpr = 4 * P * P  # the head's outputs per token: 4 channel-major planes of one patch
+        left = tl.zeros((G, G), tl.float32)
+        for r0 in tl.static_range(0, G, RC):
+            ri = r0 + tl.arange(0, RC)
+            hc = tl.load(hist + ri[:, None] * G + g[None, :]).to(tl.float32)
+            e = tl.load(mx_ptr + b * G + ri)[:, None] * my[None, :] / n
+            resid = (hc - e) / tl.sqrt(e + 1.0)
+            sq = tl.where(resid < 0, -1.0, 1.0) * tl.log(tl.abs(resid) + tl.sqrt(resid * resid + 1.0))
+            lr = tl.log((hc + 0.5) / (e + 0.5))
+            at = head_ptr + b * S * S * width + ((ri // P) * S)[:, None] * width + (g // P)[None, :] * width
+            at += (ri % P)[:, None] * P + (g % P)[None, :]
+            p0 = tl.load(at).to(tl.float32)
+            p1 = tl.load(at + P * P).to(tl.float32)
+            p2 = tl.load(at + 2 * P * P).to(tl.float32)
+            p3 = tl.load(at + 3 * P * P).to(tl.float32)
+            theta = tl.zeros((RC, G), tl.float32) + tl.load(b2)
+            for k in tl.static_range(NH):
+                z = tl.load(b1 + k) + _node_weight(w1, k, 0, 6) * p0 + _node_weight(w1, k, 1, 6) * p1
+                z += _node_weight(w1, k, 2, 6) * p2 + _node_weight(w1, k, 3, 6) * p3
+                z += _node_weight(w1, k, 4, 6) * sq + _node_weight(w1, k, 5, 6) * lr
+                theta += tl.load(w2 + k) * _gelu(z)
+            # A[:, rows] for A = (1 - a) S0 + a S1
+            cols = _tile(s0_ptr, 0, r0, G, G, RC)
+            if TWO:
+                cols = (1.0 - a) * cols + a * _tile(s1_ptr, 0, r0, G, G, RC)
+            left += tl.dot(cols, theta, input_precision=PREC)
+        at_ = tl.trans(_tile(s0_ptr, 0, 0, G, G, G))
+        if TWO:
+            at_ = (1.0 - a) * at_ + a * tl.trans(_tile(s1_ptr, 0, 0, G, G, G))
+        sm = tl.dot(left, at_, input_precision=PREC)  # A theta A^T
+        first = tl.sum(tl.sum(h * sm, 1), 0) / n
+        z = sm + tl.log(tl.maximum(mx / n, 1e-30))[:, None] + tl.log(tl.maximum(my / n, 1e-30))[None, :]
+        top = tl.max(tl.max(z, 1), 0)
+        tl.store(out_ptr + b, first - top - tl.log(tl.sum(tl.sum(tl.exp(z - top), 1), 0)))
+
+
+class FusedInfoNet:
+    """MI (B,) of histograms (B, G, G) and marginals (B, G) through the fused kernels; same weights as ``model``.
+
+    ``rows``: rows (latents or tokens) per block-kernel program, a multiple of 16 (pairs per program: rows / 16);
+    ``warps``: warps per block program; ``precision``: tl.dot's input precision for the fp32 smoother products.
+    """
+
+    def __init__(
+        self, model: InfoNet, *, rows: int = 64, warps: int = 4, tail_warps: int = 8, precision: str = "tf32x3",
+        compile_inputs: bool = True,
+    ) -> None:  # fmt: skip
+        if triton is None:
+            raise RuntimeError("the fused path needs triton")
+        self.model = model
+        self.cfg = model.cfg
+        self.rows, self.warps, self.tail_warps = rows, warps, tail_warps
+        self.precision = "ieee" if _INTERPRET else precision
+        self.dot = tl.float32 if _INTERPRET else tl.bfloat16
+        wdtype = torch.float32 if _INTERPRET else torch.bfloat16
+        self.blocks = [self._block_params(b, wdtype) for b in (model.encode, *model.process, model.decode)]
+        m = model.node_mlp
+        self.node = [t.detach().float().contiguous() for t in (m[0].weight, m[0].bias, m[2].weight, m[2].bias)]
+        self.s0 = model.smoother.detach().float().contiguous()
+        two = model.cfg.smoothers == 2
+        self.s1 = model.smoother_sharp.detach().float().contiguous() if two else self.s0
+        inputs = model.inputs
+        self.inputs: Any = torch.compile(inputs, dynamic=True) if compile_inputs and not _INTERPRET else inputs
+
+    @staticmethod
+    def _block_params(block: Any, wdtype: torch.dtype) -> dict[str, Any]:
+        def t(w: torch.Tensor) -> torch.Tensor:  # (out, in) -> (in, out), the kernels' operand layout
+            return w.detach().t().to(wdtype).contiguous()
+
+        def v(w: torch.Tensor) -> torch.Tensor:
+            return w.detach().float().contiguous()
+
+        ctx = block.norm_ctx if block.norm_ctx is not None else block.norm_x
+        ff1, ff2 = block.ff[0], block.ff[2]
+        return {
+            "args": [
+                v(block.norm_x.weight), v(block.norm_x.bias), v(ctx.weight), v(ctx.bias),
+                t(block.attn.q.weight), v(block.attn.q.bias), t(block.attn.kv.weight), v(block.attn.kv.bias),
+                t(block.attn.out.weight), v(block.attn.out.bias), v(block.norm_ff.weight), v(block.norm_ff.bias),
+                t(ff1.weight), v(ff1.bias), t(ff2.weight), v(ff2.bias),
+            ],  # fmt: skip
+            "eps": float(block.norm_x.eps),
+            "cross": block.norm_ctx is not None,
+            "ff": ff1.out_features,
+        }
+
+    def block(self, params: dict[str, Any], x: torch.Tensor, ctx: torch.Tensor | None) -> torch.Tensor:
+        """One block over x (B, N, d) fp32 attending to ctx (B, N, d), or to itself."""
+        b, n, d = x.shape
+        x = x.float().contiguous()
+        c = ctx.float().contiguous() if ctx is not None else x
+        out = torch.empty_like(x)
+        rows = b * n
+        _block_kernel[(triton.cdiv(rows, self.rows),)](
+            x, c, out, rows, *params["args"], params["eps"], (d // self.cfg.n_heads) ** -0.5,
+            HAS_CTX=ctx is not None, R=self.rows, SEQ=n, D=d, H=self.cfg.n_heads, F=params["ff"], DOT=self.dot,
+            num_warps=self.warps,
+        )  # fmt: skip
+        return out
+
+    def __call__(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+        cfg, model = self.cfg, self.model
+        b = hist.shape[0]
+        amp = torch.autocast(hist.device.type, dtype=torch.bfloat16, enabled=not _INTERPRET)
+        with amp:
+            _, tokens, lat = self.inputs(hist.float(), mx, my)
+        enc, *process, dec = self.blocks
+        lat = self.block(enc, lat, tokens)
+        for p in process:
+            lat = self.block(p, lat, None)
+        tokens = self.block(dec, tokens, lat)
+        with amp:
+            out = model.head_planes(tokens).contiguous()  # (B, S*S, 4 p p)
+        two = cfg.smoothers == 2
+        gate = model.gate_of(lat).reshape(b).contiguous() if two else mx  # unread with one smoother
+        mi = torch.empty(b, dtype=torch.float32, device=hist.device)
+        w1, b1, w2, b2 = self.node
+        _tail_kernel[(b,)](
+            out, hist.contiguous(), mx.float().contiguous(), my.float().contiguous(), gate, self.s0, self.s1,
+            w1, b1, w2, b2, mi, G=cfg.grid, P=cfg.patch, S=cfg.grid // cfg.patch, NH=cfg.node_hidden, RC=16,
+            TWO=two, PREC=self.precision, num_warps=self.tail_warps,
+        )  # fmt: skip
+        return mi
