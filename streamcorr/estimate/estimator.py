@@ -22,6 +22,7 @@ import torch
 from ..errors import InputError
 from .aot import AotForward, aot_enabled
 from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform, set_kernel_threads
+from .fused import fused_network
 from .model import InfoNet, dv_readout
 from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
 from .significance import prewhiten
@@ -155,11 +156,11 @@ class Estimator:
         # refine_high_mi is not in it: it changes only estimates above 1.5 nats, never an independent pair's
         if self.ties != "mid":
             self.fingerprint += f"-{self.ties}"  # ranks differ, so cached results (null calibrations) do too
-        if self.amp:
-            self.fingerprint += "-bf16"
-        if (
-            self.compiled == "aot" and self.device.type == "cpu" and not self.amp
-        ):  # streamcorr.estimate.aot: same results
+        # on CUDA under bf16 the network runs as fused kernels where Triton is there (streamcorr.estimate.fused)
+        self._fused = fused_network(self.model, self.device, self.compiled is True) if self.amp else None
+        self.fingerprint += ("-bf16" if self.amp else "") + ("-fused" if self._fused is not None else "")
+        # streamcorr.estimate.aot: same results
+        if self.compiled == "aot" and self.device.type == "cpu" and not self.amp:
             self._forward = AotForward(self.model, weights, digest.hexdigest(), self.grid)
 
     @property
@@ -236,6 +237,9 @@ class Estimator:
                 h = torch.from_numpy(hist[s : s + self.batch_size]).to(self.device)
                 a = torch.from_numpy(mx[s : s + self.batch_size]).to(self.device)
                 b = torch.from_numpy(my[s : s + self.batch_size]).to(self.device)
+                if self._fused is not None and not tables:
+                    out_mi.append(self._fused(h, a, b).cpu().numpy())
+                    continue
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
                     theta = self._forward(h, a, b)  # (B, G, G)
                 out_mi.append(dv_readout(theta.float(), h, a, b).float().cpu().numpy())
@@ -299,14 +303,9 @@ class Estimator:
         if self.device.type == "cuda":
             if self._tensor_path is None:  # a GPU wants large batches whatever the CPU setting: size to its memory
                 batch = device_batch_size(self.device, u.shape[1], self.grid)
-                self._tensor_path = TensorPath(
-                    self._forward,
-                    grid=self.grid,
-                    device=self.device,
-                    batch_size=batch,
-                    hist_dtype=torch.float16,
-                    amp=self.amp,
-                )
+                path = TensorPath(self._forward, grid=self.grid, device=self.device, batch_size=batch, amp=self.amp,
+                                  hist_dtype=torch.float16, fused=self._fused)  # fmt: skip
+                self._tensor_path = path
             mi = self._tensor_path.estimate(u, iu, iv)
         else:
             marg = marginal_histograms(u, self.grid)

@@ -28,7 +28,7 @@ try:
 except ImportError:  # the extra is not installed, or no CUDA toolchain: the torch path serves
     triton = None
 
-__all__ = ["FusedInfoNet", "fused_available"]
+__all__ = ["FusedInfoNet", "fused_available", "fused_network"]
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -45,6 +45,11 @@ def fused_available(model: InfoNet, device: torch.device) -> bool:
         and cfg.d_model % cfg.n_heads == 0
         and (cfg.d_model // cfg.n_heads) >= 16
     )
+
+
+def fused_network(model: InfoNet, device: torch.device, compile_inputs: bool = True) -> FusedInfoNet | None:
+    """The fused network for ``model`` where it serves (``fused_available``), else None."""
+    return FusedInfoNet(model, compile_inputs=compile_inputs) if fused_available(model, device) else None
 
 
 if triton is not None:
@@ -79,9 +84,9 @@ if triton is not None:
         HAS_CTX: tl.constexpr, R: tl.constexpr, SEQ: tl.constexpr, D: tl.constexpr, H: tl.constexpr,
         F: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
-        """One pre-norm block (attention, then feed-forward) for R rows = R / SEQ pairs; weights transposed (in, out)."""
+        """One pre-norm block (attention, feed-forward) over R rows = R / SEQ pairs; weights transposed (in, out)."""
         HD: tl.constexpr = D // H
-        r = tl.program_id(0) * R + tl.arange(0, R)
+        r = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
         live = r < n_rows
         d = tl.arange(0, D)
         x = tl.load(x_ptr + r[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
@@ -123,7 +128,7 @@ if triton is not None:
         TWO: tl.constexpr, PREC: tl.constexpr,
     ):  # fmt: skip
         """MI of one pair: features, per-node MLP over 4 head planes, A theta A^T, DV read-out over its histogram."""
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)
         g = tl.arange(0, G)
         hist = hist_ptr + b * G * G
         h = tl.load(hist + g[:, None] * G + g[None, :]).to(tl.float32)
@@ -190,7 +195,8 @@ class FusedInfoNet:
         wdtype = torch.float32 if _INTERPRET else torch.bfloat16
         self.blocks = [self._block_params(b, wdtype) for b in (model.encode, *model.process, model.decode)]
         m = model.node_mlp
-        self.node = [t.detach().float().contiguous() for t in (m[0].weight, m[0].bias, m[2].weight, m[2].bias)]
+        params = [*m[0].parameters(), *m[2].parameters()]  # weight, bias of each layer
+        self.node = [t.detach().float().contiguous() for t in params]
         self.s0 = model.smoother.detach().float().contiguous()
         two = model.cfg.smoothers == 2
         self.s1 = model.smoother_sharp.detach().float().contiguous() if two else self.s0
@@ -209,11 +215,15 @@ class FusedInfoNet:
         ff1, ff2 = block.ff[0], block.ff[2]
         return {
             "args": [
-                v(block.norm_x.weight), v(block.norm_x.bias), v(ctx.weight), v(ctx.bias),
-                t(block.attn.q.weight), v(block.attn.q.bias), t(block.attn.kv.weight), v(block.attn.kv.bias),
-                t(block.attn.out.weight), v(block.attn.out.bias), v(block.norm_ff.weight), v(block.norm_ff.bias),
-                t(ff1.weight), v(ff1.bias), t(ff2.weight), v(ff2.bias),
-            ],  # fmt: skip
+                *(v(x) for x in (block.norm_x.weight, block.norm_x.bias, ctx.weight, ctx.bias)),
+                *(
+                    f(x)
+                    for lin in (block.attn.q, block.attn.kv, block.attn.out)
+                    for f, x in ((t, lin.weight), (v, lin.bias))
+                ),
+                *(v(x) for x in (block.norm_ff.weight, block.norm_ff.bias)),
+                *(f(x) for lin in (ff1, ff2) for f, x in ((t, lin.weight), (v, lin.bias))),
+            ],
             "eps": float(block.norm_x.eps),
             "cross": block.norm_ctx is not None,
             "ff": ff1.out_features,

@@ -8,9 +8,11 @@ pair's joint histogram is then one matrix product,
 
     H_ab = W_a^T W_b  (G, G),
 
-so a batch of pairs is one batched GEMM on the device, and the marginals are
-column sums of W. InfoNet and the DV read-out run on the same tensors; only the
-(P,) MI values come back to the host. On a CPU the same code runs on CPU
+and the histograms of every pair of two blocks of channels are one large GEMM
+on the device; the marginals are column sums of W. InfoNet and the DV read-out
+run on the same tensors (on CUDA as the fused kernels of
+``streamcorr.estimate.fused`` where Triton is installed); only the (P,) MI
+values come back to the host. On a CPU the same code runs on CPU
 tensors (tests compare it with the Numba histogram path); there the Numba
 kernels stay faster, so the engine uses this path on CUDA.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -98,6 +101,7 @@ class TensorPath:
         hist_dtype: torch.dtype = torch.float32,
         amp: bool = False,
         timed: bool = False,
+        fused: Callable[..., torch.Tensor] | None = None,
     ) -> None:
         if batch_size < 1:
             raise InputError(f"batch_size must be >= 1; got {batch_size}")
@@ -105,6 +109,8 @@ class TensorPath:
         self.device = device
         self.grid = grid
         self.batch_size = batch_size
+        self.tile = max(1, math.isqrt(batch_size))  # channels per block: a block pair's pairs fill about one batch
+        self.fused = fused  # streamcorr.estimate.fused: histograms -> MI in one call, in place of model + read-out
         self.hist_dtype = hist_dtype
         self.amp = amp
         self.timed = timed  # synchronise per stage to fill `split` (costs the overlap of stages on CUDA)
@@ -122,16 +128,51 @@ class TensorPath:
         self._pinned.copy_(host)
         return self._pinned.to(self.device, non_blocking=True)
 
-    def _forward(self, w: torch.Tensor, marg: torch.Tensor, iu: torch.Tensor, iv: torch.Tensor) -> torch.Tensor:
-        """MI (B,) of the pairs (iu, iv): gather weights, one batched GEMM, the network, the read-out."""
-        with self._stage("histograms_s"):
-            hist = torch.bmm(w[iu].transpose(1, 2), w[iv]).float()  # (B, G, T) @ (B, T, G) -> (B, G, G)
-            mx, my = marg[iu], marg[iv]  # (B, G)
-        with self._stage("model_s"):
-            amp = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
-            with amp:
-                theta = self.model(hist, mx, my)  # (B, G, G)
-            return dv_readout(theta.float(), hist, mx, my)
+    def _mi(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+        """MI (B,) of a batch of histograms; out of device memory, the batch is split, and so are later ones."""
+        try:
+            with self._stage("model_s"):
+                if self.fused is not None:
+                    return self.fused(hist, mx, my)
+                amp = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
+                hist = hist.float()
+                with amp:
+                    theta = self.model(hist, mx, my)  # (B, G, G)
+                return dv_readout(theta.float(), hist, mx, my)
+        except torch.cuda.OutOfMemoryError:
+            n = hist.shape[0]
+            if n == 1:
+                raise
+            self.batch_size = max(1, min(self.batch_size, n) // 2)  # another process took memory
+            log.warning("CUDA out of memory at %d pairs per batch; continuing with %d", n, self.batch_size)
+            torch.cuda.empty_cache()
+            h = n // 2
+            return torch.cat([self._mi(hist[:h], mx[:h], my[:h]), self._mi(hist[h:], mx[h:], my[h:])])
+
+    def _tile_histograms(
+        self, wt: torch.Tensor, idx_u: torch.Tensor, idx_v: torch.Tensor
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(histograms (n, G, G), positions (n,)) of the pairs, one channel-block pair at a time.
+
+        wt: bin weights (C, G, T). For channel blocks A and B of ``tile`` channels, the one product
+        W_A^T W_B ((|A| G) x T times T x (|B| G)) holds every pair's histogram of the two blocks; the
+        requested pairs are read out of it. One large GEMM runs at the tensor cores' rate, where a batched
+        product over per-pair gathers of W would move each pair's 2 T G weights through device memory.
+        """
+        k, g, t = self.tile, self.grid, wt.shape[2]
+        nb = (wt.shape[0] + k - 1) // k
+        key = (idx_u // k) * nb + idx_v // k  # the pair's block pair, grouped on the device (no host sort)
+        order = torch.sort(key, stable=True).indices
+        counts = torch.bincount(key, minlength=nb * nb).cpu().numpy()
+        ends = np.cumsum(counts)
+        for blk in np.flatnonzero(counts):
+            a, b = int(blk // nb) * k, int(blk % nb) * k
+            wa, wb = wt[a : a + k], wt[b : b + k]
+            full = (wa.reshape(-1, t) @ wb.reshape(-1, t).T).view(wa.shape[0], g, wb.shape[0], g)
+            group = order[ends[blk] - counts[blk] : ends[blk]]
+            for s in range(0, int(counts[blk]), self.batch_size):
+                p = group[s : s + self.batch_size]
+                yield full[idx_u[p] - a, :, idx_v[p] - b, :], p
 
     def estimate(self, u: np.ndarray | torch.Tensor, iu: np.ndarray, iv: np.ndarray) -> np.ndarray:
         """MI in nats (P,) of pairs (iu[p], iv[p]) of rows of u (C, T); clipped at 0, exactly 0 for a constant row."""
@@ -157,24 +198,36 @@ class TensorPath:
                 w = w32.to(self.hist_dtype)
                 del w32
                 constant = ut.amax(dim=1) == ut.amin(dim=1)  # all ranks tied: a constant series
-            out, s = [], 0
-            while s < iu_np.size:
-                b = self.batch_size
-                try:
-                    out.append(self._forward(w, marg, idx_u[s : s + b], idx_v[s : s + b]))
-                except torch.cuda.OutOfMemoryError:
-                    if b == 1:
-                        raise
-                    self.batch_size = max(1, b // 2)  # another process took memory: smaller batches from now on
-                    log.warning("CUDA out of memory at %d pairs per batch; continuing with %d", b, self.batch_size)
-                    torch.cuda.empty_cache()
-                    continue
-                s += b
+                wt = w.transpose(1, 2).contiguous()  # (C, G, T): each channel's G rows of T weights
+                del w
+            mi = torch.empty(iu_np.size, dtype=torch.float32, device=self.device)
+            pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+            tiles = self._tile_histograms(wt, idx_u, idx_v)
+            while True:
+                with self._stage("histograms_s"):
+                    item = next(tiles, None)
+                if item is None:
+                    break
+                pending.append(item)
+                if sum(p.numel() for _, p in pending) >= self.batch_size:
+                    self._flush(pending, mi, marg, idx_u, idx_v)
+            if pending:
+                self._flush(pending, mi, marg, idx_u, idx_v)
             with self._stage("download_s"):
-                mi = torch.cat(out).clamp_min(0.0)
+                mi = mi.clamp_min(0.0)
                 mi = torch.where(constant[idx_u] | constant[idx_v], torch.zeros_like(mi), mi)
                 result = mi.double().cpu().numpy()
         return result
+
+    def _flush(
+        self, pending: list[tuple[torch.Tensor, torch.Tensor]], mi: torch.Tensor, marg: torch.Tensor,
+        idx_u: torch.Tensor, idx_v: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Run the network over the pending histograms as one batch and write their MI at their positions."""
+        hist = torch.cat([h for h, _ in pending]) if len(pending) > 1 else pending[0][0]
+        pos = torch.cat([p for _, p in pending]) if len(pending) > 1 else pending[0][1]
+        pending.clear()
+        mi[pos] = self._mi(hist, marg[idx_u[pos]], marg[idx_v[pos]])
 
     @contextlib.contextmanager
     def _stage(self, name: str) -> Iterator[None]:
