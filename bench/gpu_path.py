@@ -48,13 +48,11 @@ TABLE2 = Path(__file__).parent / "cache" / "table2_windows.npz"
 # name, pairs per network batch, fused-kernel settings (None: the network through torch.compile)
 VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("torch compiled bf16", 16384, None),
-    ("fused, 64 rows/program, 4 warps", 16384, {"rows": 64, "warps": 4}),
-    ("fused, 64 rows/program, 4 warps", 65536, {"rows": 64, "warps": 4}),
-    ("fused, 32 rows/program, 4 warps", 65536, {"rows": 32, "warps": 4}),
-    ("fused, 128 rows/program, 8 warps", 65536, {"rows": 128, "warps": 8}),
-    ("fused, 64 rows/program, 8 warps", 65536, {"rows": 64, "warps": 8}),
-    ("fused, 64 rows/program, 4 warps, tail 4 warps", 65536, {"rows": 64, "warps": 4, "tail_warps": 4}),
-    ("fused, 64 rows/program, 4 warps, smoother TF32", 65536, {"rows": 64, "warps": 4, "precision": "tf32"}),
+    ("fused blocks, split tail", 65536, {"tail": "split"}),
+    ("fused blocks, fused tail (16 warps, 3xTF32 smoother)", 65536, {"tail": "fused", "tail_warps": 16}),
+    ("fused blocks, fused tail (16 warps, TF32 smoother)", 65536, {"tail": "fused", "precision": "tf32"}),
+    ("fused blocks, split tail, batch 16384", 16384, {"tail": "split"}),
+    ("fused blocks (32 rows/program, 2 warps), split tail", 65536, {"tail": "split", "rows": 32, "warps": 2}),
 ]
 
 
@@ -125,6 +123,41 @@ def network_flops(model: torch.nn.Module, grid: int, device: torch.device) -> fl
     return fc.get_total_flops() / 8
 
 
+def fused_stages(fused: FusedInfoNet, batch: int, dev: torch.device) -> dict[str, float]:
+    """Milliseconds per stage of the fused network on one batch of random histograms (CUDA events, median of 5)."""
+    g = fused.cfg.grid
+    hist = (torch.rand(batch, g, g, device=dev) * 0.5).half()
+    mx, my = hist.float().sum(2), hist.float().sum(1)
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16)
+
+    def ms(fn: Any) -> float:
+        fn()
+        ts = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return statistics.median(ts)
+
+    with torch.inference_mode():
+        with amp:
+            _, tokens, lat = fused.inputs(hist, mx, my)
+        enc, *process, dec = fused.blocks
+        out = {"whole network": ms(lambda: fused(hist, mx, my))}
+        with amp:
+            out["inputs (torch compiled)"] = ms(lambda: fused.inputs(hist, mx, my))
+        out["encode block"] = ms(lambda: fused.block(enc, lat, tokens))
+        out[f"{len(process)} self blocks"] = len(process) * ms(lambda: fused.block(process[0], lat, None))
+        out["decode block + norm_out"] = ms(lambda: fused.block(dec, tokens, lat, final_ln=True))
+    out["head, gate and tail (the rest)"] = out["whole network"] - sum(
+        v for k, v in out.items() if k != "whole network"
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--channels", type=int, nargs="+", default=[256, 1024, 4096])
@@ -191,9 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         fused = None
         if kw is not None:
             fused = FusedInfoNet(model, compile_inputs=False, **kw)
-            fused.inputs = (
-                fused_base.inputs if fused_base is not None else fused.inputs
-            )  # one compilation of the inputs stage serves every variant
+            if fused_base is not None:  # one compilation of the torch stages serves every variant
+                fused.inputs, fused.smooth_readout = fused_base.inputs, fused_base.smooth_readout
         t0 = time.perf_counter()
         try:
             path = TensorPath(compiled, grid=gpu.grid, device=dev, batch_size=batch, hist_dtype=torch.float16,
@@ -218,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     # the end-to-end rows run through Estimator.estimate_ranks (constant rows, high-MI refinement) on the chosen path
     gpu._tensor_path = chosen
     gpu._fused = chosen.fused if isinstance(chosen.fused, FusedInfoNet) else gpu._fused
+
+    stages: dict[str, float] = {}
+    if isinstance(chosen.fused, FusedInfoNet) and not args.dry_run:
+        stages = fused_stages(chosen.fused, chosen.batch_size, dev)
+        print("stages (ms per batch):", stages, flush=True)
 
     rows = []
     for c in args.channels:
@@ -249,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     env.update({"device": device_name, "cuda": torch.version.cuda})
     data = {"env": env, "weights": weights_name, "window_len": t, "variants": variants, "chosen": chosen_v,
             "network_flops_per_pair": flops_net, "histogram_flops_per_pair": flops_hist,
-            "matmul_bf16_tflops_measured": peak, "bf16_tflops_datasheet": sheet, "rows": rows}  # fmt: skip
+            "matmul_bf16_tflops_measured": peak, "fused_stages_ms": stages, "bf16_tflops_datasheet": sheet,
+            "rows": rows}  # fmt: skip
     md = [
         f"## CUDA path on {device_name}, window {t}, weights `{weights_name}`\n",
         "`Estimator.estimate_ranks` end to end, from host ranks (C, T) to host MI (P,), all pairs of one window; "
@@ -290,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {v['variant']} | {v['batch']:,} | {v['pairs_per_s']:,.0f} | {ratio} | "
             f"{v['max_abs_diff_vs_cpu']:.5f} | {v['max_abs_diff_table2']:.5f} | {v['first_call_s']:.1f} |"
         )
+    if stages:
+        md += ["", f"The fused network's stages, one batch of {chosen.batch_size:,} pairs (events, median of 5):\n",
+               "| stage | ms per batch | ns per pair |", "|---|---|---|"]  # fmt: skip
+        md += [f"| {k} | {v:.2f} | {v * 1e6 / chosen.batch_size:.0f} |" for k, v in stages.items()]
+        md += [""]
     write_results(f"gpu_path_{slug}", data, "\n".join(md))
     return 0
 

@@ -195,13 +195,16 @@ class InfoNet(nn.Module):
             else:
                 nodes = torch.cat([planes, feats], dim=1).permute(0, 2, 3, 1)  # (B, G, G, C + 2)
                 theta = self.node_mlp(nodes)[..., 0]  # (B, G, G)
-            if cfg.smoothers == 1:
-                return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
-            a = self.gate_of(lat)  # (B, 1, 1)
-            # A theta A^T for A = (1 - a) A0 + a A1, written with the shared matrices (exactly equal): a
-            # per-window (B, G, G) smoother costs more as a batched product than these four shared ones
-            left = (1.0 - a) * (self.smoother @ theta) + a * (self.smoother_sharp @ theta)  # A theta
-            return (1.0 - a) * (left @ self.smoother.T) + a * (left @ self.smoother_sharp.T)  # (B, G, G)
+            return self.smooth(theta, self.gate_of(lat) if cfg.smoothers == 2 else None)
+
+    def smooth(self, theta: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
+        """A theta A^T (B, G, G): the learned smoother, or with two, A = (1 - a) A0 + a A1 for gates a (B, 1, 1)."""
+        if a is None:
+            return self.smoother @ theta @ self.smoother.T  # separable smoothing, (B, G, G)
+        # written with the shared matrices (exactly equal): a per-window (B, G, G) smoother costs more as a
+        # batched product than these four shared ones
+        left = (1.0 - a) * (self.smoother @ theta) + a * (self.smoother_sharp @ theta)  # A theta
+        return (1.0 - a) * (left @ self.smoother.T) + a * (left @ self.smoother_sharp.T)  # (B, G, G)
 
 
 def log_mean_exp(theta: torch.Tensor, qx: torch.Tensor, qy: torch.Tensor) -> torch.Tensor:
