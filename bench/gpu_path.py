@@ -151,9 +151,15 @@ def fused_stages(fused: FusedInfoNet, batch: int, dev: torch.device) -> dict[str
         out["encode block"] = ms(lambda: fused.block(enc, lat, tokens))
         out[f"{len(process)} self blocks"] = len(process) * ms(lambda: fused.block(process[0], lat, None))
         out["decode block + norm_out"] = ms(lambda: fused.block(dec, tokens, lat, final_ln=True))
-    out["head, gate and tail (the rest)"] = out["whole network"] - sum(
-        v for k, v in out.items() if k != "whole network"
-    )
+        if fused.tail == "split":
+            normed = fused.block(dec, tokens, lat, final_ln=True)
+            head = fused.head(normed)
+            out["head product"] = ms(lambda: fused.head(normed))
+            gate = fused.model.gate_of(lat) if fused.cfg.smoothers == 2 else None
+            theta = fused.theta(head, hist, mx, my)
+            out["unsmoothed tables (Triton)"] = ms(lambda: fused.theta(head, hist, mx, my))
+            out["smoother + read-out (torch compiled)"] = ms(lambda: fused.smooth_readout(theta, hist, mx, my, gate))
+    out["the rest"] = out["whole network"] - sum(v for k, v in out.items() if k != "whole network")
     return out
 
 
