@@ -38,7 +38,7 @@ from streamcorr.estimate.estimator import Estimator
 
 from .common import environment, write_results
 
-GPU_PAIRS_PER_S = 1_062_538  # bench/results/gpu_path_nvidia-h200.md: one H200, window 1024, 1,024 channels
+GPU_PAIRS_PER_S = 1_062_538  # one H200, window 1024, 1,024 channels, infonet-v1 via torch (bench.gpu_path, 606095a)
 CPU_WORKERS_PER_NODE = 16  # a common cloud CPU node (16 cores): one worker per core
 GPU_WORKERS_PER_NODE = 8  # a common GPU node: 8 GPUs, one worker each
 HOP_S = 1.0

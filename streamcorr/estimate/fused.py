@@ -4,9 +4,12 @@ Run through torch, a transformer block over a batch is a dozen kernels, each rea
 and writing (B, 16, 64) activations, and the table's tail (node MLP, smoother, DV
 read-out) another dozen over (B, G, G) planes: about 1 MB of device memory traffic
 per pair, which bounds the network far below the card's arithmetic. Here one kernel
-runs a whole block for a tile of pairs, and one kernel turns a pair's head output,
-histogram and marginals into its MI; activations stay on the chip. The inputs stage
-(features, token embedding) and the head's product stay in torch.
+runs a whole block (attention, feed-forward, norms) for a tile of pairs with its
+activations on the chip, and one kernel computes the unsmoothed tables (features
+and per-node MLP) from the head's output; the inputs stage, the head's product and
+the smoother with the read-out stay in torch (compiled). A single-kernel tail per
+pair (``tail="fused"``) measured slower on an H200 (bench/results/gpu_path_nvidia-h200.md).
+``STREAMCORR_FUSED=0`` turns the fused path off.
 
 The kernels compute the same function as ``InfoNet`` under bfloat16 autocast:
 matrix products take bf16 operands and accumulate in fp32, everything else is fp32.
