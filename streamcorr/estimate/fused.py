@@ -11,8 +11,10 @@ the smoother with the read-out stay in torch (compiled). A single-kernel tail pe
 pair (``tail="fused"``) measured slower on an H200 (bench/results/gpu_path_nvidia-h200.md).
 ``STREAMCORR_FUSED=0`` turns the fused path off.
 
-The kernels compute the same function as ``InfoNet`` under bfloat16 autocast:
-matrix products take bf16 operands and accumulate in fp32, everything else is fp32.
+The kernels compute ``InfoNet``'s function as bfloat16 autocast does, with fewer
+roundings: matrix products take bf16 operands and accumulate in fp32; their outputs,
+the attention weights and the activations stay fp32 (autocast rounds them to bf16).
+Weights are copied at construction: a model changed afterwards needs a new instance.
 Tests run them on the CPU with ``TRITON_INTERPRET=1`` (fp32 operands there).
 """
 
@@ -36,14 +38,22 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 def fused_available(model: InfoNet, device: torch.device) -> bool:
     """Whether the fused kernels serve this network here (CUDA, or the CPU interpreter in tests)."""
     cfg = model.cfg
+    if not HAS_TRITON or os.environ.get("STREAMCORR_FUSED", "1") == "0":
+        return False
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability(device) < (8, 0):  # bf16 tensor-core products: Ampere or newer
+            return False
+    elif not _INTERPRET:
+        return False
+    head = cfg.d_model // cfg.n_heads
+    sizes = (cfg.grid, cfg.patch, cfg.d_model, head, cfg.d_model * cfg.ff_mult, cfg.n_latents, cfg.node_hidden)
     return (
-        HAS_TRITON
-        and (device.type == "cuda" or _INTERPRET)
-        and os.environ.get("STREAMCORR_FUSED", "1") != "0"
-        and cfg.n_latents == (cfg.grid // cfg.patch) ** 2  # cross-attention pairs rows of equal count
+        cfg.n_latents == (cfg.grid // cfg.patch) ** 2  # cross-attention pairs rows of equal count
         and cfg.out_channels == 4
-        and cfg.d_model % cfg.n_heads == 0
-        and (cfg.d_model // cfg.n_heads) >= 16
+        and cfg.d_model == head * cfg.n_heads
+        and head >= 16
+        and cfg.grid >= 16
+        and all(n & (n - 1) == 0 for n in sizes)  # Triton's block shapes are powers of two
     )
 
 
@@ -55,7 +65,8 @@ def fused_network(model: InfoNet, device: torch.device, compile_inputs: bool = T
 class FusedInfoNet:
     """MI (B,) of histograms (B, G, G) and marginals (B, G) through the fused kernels; same weights as ``model``.
 
-    ``rows``: rows (latents or tokens) per block-kernel program, a multiple of 16 (pairs per program: rows / 16);
+    ``rows``: rows (latents or tokens) per block-kernel program, a multiple of the latents per pair (16 in the
+    shipped networks: 4 pairs per program at 64);
     ``warps``: warps per block program. ``tail``: "split" computes the unsmoothed tables with one kernel over
     (pair, 16 rows) programs, then the smoother and the read-out through torch (compiled); "fused" does all
     of it in one kernel per pair, its smoother products at tl.dot's ``precision``.
@@ -67,6 +78,8 @@ class FusedInfoNet:
     ) -> None:  # fmt: skip
         if not HAS_TRITON:
             raise RuntimeError("the fused path needs triton")
+        if rows % model.cfg.n_latents:  # a program's rows must hold whole pairs: attention stays inside a pair
+            raise ValueError(f"rows ({rows}) must be a multiple of the network's {model.cfg.n_latents} latents")
         import triton.language as tl
 
         from . import fused_kernels
@@ -143,6 +156,12 @@ class FusedInfoNet:
         return out
 
     def __call__(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
+        if hist.device.type != "cuda":
+            return self._forward(hist, mx, my)
+        with torch.cuda.device(hist.device):  # Triton launches on the current device: make it the tensors'
+            return self._forward(hist, mx, my)
+
+    def _forward(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         cfg, model = self.cfg, self.model
         b = hist.shape[0]
         hist = hist.contiguous()

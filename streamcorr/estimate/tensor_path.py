@@ -36,17 +36,21 @@ __all__ = ["TensorPath", "TimeSplit", "bin_weights", "device_batch_size"]
 
 log = logging.getLogger("streamcorr.estimate.tensor_path")
 
+GEMM_SPARSITY = 16  # a block pair takes the GEMM where at least 1/16 of its pairs are requested (the GEMM's
+# tensor-core rate against the gathered product's memory traffic: about 10x per histogram on an H200)
+GATHER_BYTES = 256 * 2**20  # bin weights gathered at a time for the pairs of sparse block pairs
 
-def device_batch_size(device: torch.device, window_len: int, grid: int, cap: int = 16384) -> int:
+
+def device_batch_size(device: torch.device, window_len: int, grid: int, cap: int = 16384, fused: bool = False) -> int:
     """Pairs per batch that fit a quarter of the device's free memory (CPU: ``cap``).
 
-    Per pair: the two gathered fp16 bin-weight blocks (2 T G x 2 bytes) and about
-    64 fp32 G x G planes of histogram, features and network activations.
+    Per pair: about 64 fp32 G x G planes of histogram, features and activations through torch, 16 through the
+    fused kernels (streamcorr.estimate.fused). Gathered bin weights are bounded apart (``GATHER_BYTES``).
     """
     if device.type != "cuda":
         return cap
     free, _ = torch.cuda.mem_get_info(device)
-    per_pair = 4 * window_len * grid + 64 * grid * grid * 4
+    per_pair = (16 if fused else 64) * grid * grid * 4
     return int(max(256, min(cap, free // 4 // per_pair)))
 
 
@@ -135,19 +139,20 @@ class TensorPath:
                 if self.fused is not None:
                     return self.fused(hist, mx, my)
                 amp = torch.autocast(self.device.type, dtype=torch.bfloat16) if self.amp else contextlib.nullcontext()
-                hist = hist.float()
+                wide = hist.float()
                 with amp:
-                    theta = self.model(hist, mx, my)  # (B, G, G)
-                return dv_readout(theta.float(), hist, mx, my)
+                    theta = self.model(wide, mx, my)  # (B, G, G)
+                return dv_readout(theta.float(), wide, mx, my)
         except torch.cuda.OutOfMemoryError:
-            n = hist.shape[0]
-            if n == 1:
+            if hist.shape[0] == 1:
                 raise
-            self.batch_size = max(1, min(self.batch_size, n) // 2)  # another process took memory
-            log.warning("CUDA out of memory at %d pairs per batch; continuing with %d", n, self.batch_size)
-            torch.cuda.empty_cache()
-            h = n // 2
-            return torch.cat([self._mi(hist[:h], mx[:h], my[:h]), self._mi(hist[h:], mx[h:], my[h:])])
+        # split outside the handler, so that the failed attempt's frames and tensors are released first
+        n = hist.shape[0]
+        self.batch_size = max(1, min(self.batch_size, n) // 2)  # another process took memory
+        log.warning("CUDA out of memory at %d pairs per batch; continuing with %d", n, self.batch_size)
+        torch.cuda.empty_cache()
+        h = n // 2
+        return torch.cat([self._mi(hist[:h], mx[:h], my[:h]), self._mi(hist[h:], mx[h:], my[h:])])
 
     def _tile_histograms(
         self, wt: torch.Tensor, idx_u: torch.Tensor, idx_v: torch.Tensor
@@ -157,7 +162,9 @@ class TensorPath:
         wt: bin weights (C, G, T). For channel blocks A and B of ``tile`` channels, the one product
         W_A^T W_B ((|A| G) x T times T x (|B| G)) holds every pair's histogram of the two blocks; the
         requested pairs are read out of it. One large GEMM runs at the tensor cores' rate, where a batched
-        product over per-pair gathers of W would move each pair's 2 T G weights through device memory.
+        product over per-pair gathers of W moves each pair's 2 T G weights through device memory. A block
+        pair with fewer than 1/GEMM_SPARSITY of its pairs requested (the engine's chunks and screened picks)
+        takes the gathered product instead: the GEMM would compute mostly unrequested histograms.
         """
         k, g, t = self.tile, self.grid, wt.shape[2]
         nb = (wt.shape[0] + k - 1) // k
@@ -165,14 +172,24 @@ class TensorPath:
         order = torch.sort(key, stable=True).indices
         counts = torch.bincount(key, minlength=nb * nb).cpu().numpy()
         ends = np.cumsum(counts)
+        sparse = []
         for blk in np.flatnonzero(counts):
             a, b = int(blk // nb) * k, int(blk % nb) * k
             wa, wb = wt[a : a + k], wt[b : b + k]
-            full = (wa.reshape(-1, t) @ wb.reshape(-1, t).T).view(wa.shape[0], g, wb.shape[0], g)
             group = order[ends[blk] - counts[blk] : ends[blk]]
+            if counts[blk] * GEMM_SPARSITY < wa.shape[0] * wb.shape[0]:
+                sparse.append(group)
+                continue
+            full = (wa.reshape(-1, t) @ wb.reshape(-1, t).T).view(wa.shape[0], g, wb.shape[0], g)
             for s in range(0, int(counts[blk]), self.batch_size):
                 p = group[s : s + self.batch_size]
                 yield full[idx_u[p] - a, :, idx_v[p] - b, :], p
+        if sparse:
+            rest = torch.cat(sparse)
+            step = max(1, GATHER_BYTES // (4 * g * t))  # two gathered (G, T) fp16 blocks per pair
+            for s in range(0, rest.numel(), step):
+                p = rest[s : s + step]
+                yield torch.bmm(wt[idx_u[p]], wt[idx_v[p]].transpose(1, 2)), p
 
     def estimate(self, u: np.ndarray | torch.Tensor, iu: np.ndarray, iv: np.ndarray) -> np.ndarray:
         """MI in nats (P,) of pairs (iu[p], iv[p]) of rows of u (C, T); clipped at 0, exactly 0 for a constant row."""

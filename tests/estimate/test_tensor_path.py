@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from streamcorr.errors import InputError
+from streamcorr.estimate import tensor_path
 from streamcorr.estimate.copula import marginal_histograms, pair_histograms, rank_transform
 from streamcorr.estimate.estimator import Estimator
 from streamcorr.estimate.tensor_path import TensorPath, bin_weights
@@ -99,18 +100,23 @@ def test_bad_pair_indices_are_refused(est: Estimator) -> None:
         path.estimate(u, np.array([0, 1]), np.array([2]))
 
 
-@pytest.mark.parametrize("batch", [1, 4, 9, 50])
-def test_block_gemm_histograms_serve_any_pair_list(est: Estimator, batch: int) -> None:
-    """Pairs in any order, either orientation, repeated, spread over several channel blocks (tile = isqrt(batch)):
-    the block GEMM path gives each pair the Numba path's MI, in the caller's order."""
+@pytest.mark.parametrize(("batch", "n_pairs", "sparsity"), [(1, 40, 16), (9, 40, 16), (50, 40, 16), (400, 8, 16),
+                                                       (36, 60, 2), (36, 60, 10**6), (4, 40, 1)])  # fmt: skip
+def test_block_gemm_histograms_serve_any_pair_list(
+    est: Estimator, batch: int, n_pairs: int, sparsity: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pairs in any order, either orientation, repeated, spread over several channel blocks (tile = isqrt(batch)),
+    block pairs dense enough for the GEMM and sparse ones for the gathered product (the share set by
+    GEMM_SPARSITY): each pair gets the Numba path's MI, in the caller's order."""
+    monkeypatch.setattr(tensor_path, "GEMM_SPARSITY", sparsity)
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((13, 300)).cumsum(axis=1)  # random walks: smooth channels
     x[7] = np.round(x[2] / 3)  # a quantised copy, in another block
     u = rank_transform(x)
-    iu = rng.integers(0, 13, 40)
-    iv = (iu + rng.integers(1, 13, 40)) % 13
+    iu = rng.integers(0, 13, n_pairs)
+    iv = (iu + rng.integers(1, 13, n_pairs)) % 13
     iu[5], iv[5], iu[6], iv[6] = 2, 7, 7, 2  # both orientations of one pair
-    iu[8], iv[8] = iu[9], iv[9]  # a repeat
+    iu[3], iv[3] = iu[4], iv[4]  # a repeat
     got = TensorPath(est.model, grid=est.grid, device=est.device, batch_size=batch).estimate(u, iu, iv)
     marg = marginal_histograms(u, est.grid)
     ref = est.estimate_histograms(pair_histograms(u, u, est.grid, iu, iv), marg[iu], marg[iv])
