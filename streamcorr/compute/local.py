@@ -58,6 +58,9 @@ GAUGES = frozenset({"workers", "workers_joining", "cells_stale_last_hop"})  # th
 
 
 _STOP_CHUNK = 2048  # pairs per histogram pass while a stop request is watched for
+# on CUDA each call uploads the ranks and builds every channel's bin weights once: 2,048 pairs a call would
+# leave the device idle; 262,144 pairs take about 0.13 s on an H200 (bench/results/gpu_path_nvidia-h200.md)
+_STOP_CHUNK_CUDA = 2**18
 
 
 class EngineStopping(Exception):
@@ -110,10 +113,11 @@ class LocalEvaluator:
     def estimate(self, u: np.ndarray, iu: np.ndarray, iv: np.ndarray, constant: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
         parts = []
-        for k in range(0, len(iu), _STOP_CHUNK):  # a stop is honoured between chunks of the histogram stage too
+        step = _STOP_CHUNK_CUDA if self.est.device.type == "cuda" else _STOP_CHUNK
+        for k in range(0, len(iu), step):  # a stop is honoured between chunks of the histogram stage too
             if self._stopping is not None and self._stopping.is_set():
                 raise EngineStopping("engine stopping")
-            parts.append(self.est.estimate_ranks(u, iu[k : k + _STOP_CHUNK], iv[k : k + _STOP_CHUNK], constant))
+            parts.append(self.est.estimate_ranks(u, iu[k : k + step], iv[k : k + step], constant))
         mi = np.concatenate(parts) if parts else np.zeros(0)
         c = self._counts
         c["hops"] += 1
