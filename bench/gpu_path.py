@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     fused_base = FusedInfoNet(model) if fused_available(model, dev) else None
     variant_list = VARIANTS[:2] if args.dry_run else VARIANTS
     variants: list[dict[str, Any]] = []
-    best: tuple[float, TensorPath, dict[str, Any]] | None = None
+    best: tuple[float, dict[str, Any]] | None = None
     for name, batch, kw in variant_list:
         if time.perf_counter() - start > args.budget_s / 2:
             print(f"budget: skipping variant {name} (batch {batch})", flush=True)
@@ -248,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         variants.append(v)
         print(v, flush=True)
         if max(d_acc, d_t2) <= TOLERANCE and (best is None or rate > best[0]):
-            best = (rate, path, v)
-    assert best is not None, "no variant within tolerance"
-    chosen_v = best[2]
+            best = (rate, v)
+    # informational: the rows below time the estimator's own path whatever wins here
+    chosen_v = best[1] if best is not None else {"variant": "none within tolerance"}
     base_rate = next((v["pairs_per_s"] for v in variants if v.get("settings") is None and "error" not in v), None)
     # the end-to-end rows run through the estimator's own CUDA path (its batch size, its fused network or not),
     # via Estimator.estimate_ranks (constant rows, high-MI refinement): what the engine and the library call

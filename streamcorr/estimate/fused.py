@@ -190,11 +190,9 @@ class FusedInfoNet:
         return {"G": cfg.grid, "P": cfg.patch, "S": cfg.grid // cfg.patch, "NH": cfg.node_hidden, "RC": 16}
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
-        """The head's product (B, S*S, 4 p p) of norm_out(decoded tokens), each token's outputs channel-major."""
-        c, d, p = self.cfg.out_channels, self.cfg.d_model, self.cfg.patch
-        weight = self.model.head.weight.view(p, p, c, d).permute(2, 0, 1, 3).reshape(c * p * p, d)
-        bias = self.model.head.bias.view(p, p, c).permute(2, 0, 1).reshape(c * p * p)
-        return torch.nn.functional.linear(normed, weight.to(normed.dtype), bias.to(normed.dtype))
+        """The head's product (B, S*S, 4 p p) of norm_out(decoded tokens), in bf16 as under autocast."""
+        with torch.autocast(normed.device.type, dtype=torch.bfloat16, enabled=not _INTERPRET):
+            return self.model.head_product(normed)
 
     def theta(self, out: torch.Tensor, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> torch.Tensor:
         """Unsmoothed tables (B, G, G) fp32 from the head's output: features and the per-node MLP (one kernel)."""

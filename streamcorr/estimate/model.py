@@ -171,12 +171,16 @@ class InfoNet(nn.Module):
 
     def head_planes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Decoded tokens (B, S*S, d) -> the head's output (B, S*S, C*p*p), each token's rows channel-major."""
+        return self.head_product(self.norm_out(tokens))
+
+    def head_product(self, normed: torch.Tensor) -> torch.Tensor:
+        """The head's product of norm_out(decoded tokens): (B, S*S, C*p*p), each token's rows channel-major."""
         c, d, p = self.cfg.out_channels, self.cfg.d_model, self.cfg.patch
         # the head's rows reordered channel-major (the same products): each channel's table is then contiguous
         # along the grid, which a compiler needs to vectorise the per-node MLP below
         weight = self.head.weight.view(p, p, c, d).permute(2, 0, 1, 3).reshape(c * p * p, d)
         bias = self.head.bias.view(p, p, c).permute(2, 0, 1).reshape(c * p * p)
-        return F.linear(self.norm_out(tokens), weight, bias)
+        return F.linear(normed, weight, bias)
 
     def gate_of(self, lat: torch.Tensor) -> torch.Tensor:
         """The smoother blend a (B, 1, 1) in (0, 1) read from the processed latents (two smoothers only)."""
