@@ -302,7 +302,7 @@ class Estimator:
         iv = np.ascontiguousarray(iv, dtype=np.int64)
         if self.device.type == "cuda":
             if self._tensor_path is None:  # a GPU wants large batches whatever the CPU setting: size to its memory
-                batch = device_batch_size(self.device, u.shape[1], self.grid, 65536, fused=self._fused is not None)
+                batch = device_batch_size(self.device, self.grid, 65536, fused=self._fused is not None)
                 path = TensorPath(self._forward, grid=self.grid, device=self.device, batch_size=batch, amp=self.amp,
                                   hist_dtype=torch.float16, fused=self._fused)  # fmt: skip
                 self._tensor_path = path

@@ -41,7 +41,7 @@ GEMM_SPARSITY = 16  # a block pair takes the GEMM where at least 1/16 of its pai
 GATHER_BYTES = 256 * 2**20  # bin weights gathered at a time for the pairs of sparse block pairs
 
 
-def device_batch_size(device: torch.device, window_len: int, grid: int, cap: int = 16384, fused: bool = False) -> int:
+def device_batch_size(device: torch.device, grid: int, cap: int = 16384, fused: bool = False) -> int:
     """Pairs per batch that fit a quarter of the device's free memory (CPU: ``cap``).
 
     Per pair: about 64 fp32 G x G planes of histogram, features and activations through torch, 16 through the
