@@ -314,7 +314,6 @@ def _check(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
     from ..config import load_config
     from ..daemon.service import Daemon
@@ -330,11 +329,18 @@ def _run(args: argparse.Namespace) -> int:
     # Everything is closed. Finalising the interpreter would take seconds (torch's and numba's objects), and under
     # a thread still in a first-start calibration it can abort: the process ends here when it is ours.
     if args.owns_process or daemon.setup_abandoned:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_now(0)
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """End the process without finalising the interpreter: streams flushed, then os._exit(code)."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _compile(args: argparse.Namespace) -> int:
@@ -429,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         path = args.config if args.cmd in ("run", "check") else None  # every problem of the file names the file
         where = f"{path}: " if isinstance(exc, ConfigError) and path and not str(exc).startswith(str(path)) else ""
         print(f"streamcorr: error: {where}{exc}", file=sys.stderr)
+        if args.owns_process:  # a reader's worker threads left by the error can abort finalisation (exit -6)
+            _exit_now(2)
         return 2
     except KeyboardInterrupt:
         print("streamcorr: interrupted", file=sys.stderr)
