@@ -49,6 +49,7 @@ TABLE2 = Path(__file__).parent / "cache" / "table2_windows.npz"
 VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("torch compiled bf16", 16384, None),
     ("fused blocks, split tail", 65536, {"tail": "split"}),
+    ("fused blocks, split tail (torch-compiled smoother)", 65536, {"tail": "torch"}),
     ("fused blocks, fused tail (16 warps, 3xTF32 smoother)", 65536, {"tail": "fused", "tail_warps": 16}),
     ("fused blocks, fused tail (16 warps, TF32 smoother)", 65536, {"tail": "fused", "precision": "tf32"}),
     ("fused blocks (32 rows/program, 2 warps), split tail", 65536, {"tail": "split", "rows": 32, "warps": 2}),
@@ -151,14 +152,15 @@ def fused_stages(fused: FusedInfoNet, batch: int, dev: torch.device) -> dict[str
         out["encode block"] = ms(lambda: fused.block(enc, lat, tokens))
         out[f"{len(process)} self blocks"] = len(process) * ms(lambda: fused.block(process[0], lat, None))
         out["decode block + norm_out"] = ms(lambda: fused.block(dec, tokens, lat, final_ln=True))
-        if fused.tail == "split":
+        if fused.tail in ("split", "torch"):
             normed = fused.block(dec, tokens, lat, final_ln=True)
             head = fused.head(normed)
             out["head product"] = ms(lambda: fused.head(normed))
             gate = fused.model.gate_of(lat) if fused.cfg.smoothers == 2 else None
             theta = fused.theta(head, hist, mx, my)
             out["unsmoothed tables (Triton)"] = ms(lambda: fused.theta(head, hist, mx, my))
-            out["smoother + read-out (torch compiled)"] = ms(lambda: fused.smooth_readout(theta, hist, mx, my, gate))
+            how = "torch compiled" if fused.tail == "torch" else "Triton, 3xTF32"
+            out[f"smoother + read-out ({how})"] = ms(lambda: fused.readout(theta, hist, mx, my, gate))
     out["the rest"] = out["whole network"] - sum(v for k, v in out.items() if k != "whole network")
     return out
 

@@ -5,10 +5,12 @@ and writing (B, 16, 64) activations, and the table's tail (node MLP, smoother, D
 read-out) another dozen over (B, G, G) planes: about 1 MB of device memory traffic
 per pair, which bounds the network far below the card's arithmetic. Here one kernel
 runs a whole block (attention, feed-forward, norms) for a tile of pairs with its
-activations on the chip, and one kernel computes the unsmoothed tables (features
-and per-node MLP) from the head's output; the inputs stage, the head's product and
-the smoother with the read-out stay in torch (compiled). A single-kernel tail per
-pair (``tail="fused"``) measured slower on an H200 (bench/results/gpu_path_nvidia-h200.md).
+activations on the chip, one kernel computes the unsmoothed tables (features and
+per-node MLP) from the head's output, and one the smoother (its products in 3xTF32,
+fp32 accuracy) with the DV read-out; the inputs stage and the head's product stay in
+torch (compiled). On an H200 the smoother kernel took 2.1 ms per 65,536 pairs where
+torch (compiled, fp32) took 7.5 ms; a single-kernel tail per pair (``tail="fused"``)
+measured slower (bench/results/gpu_path_nvidia-h200.md).
 ``STREAMCORR_FUSED=0`` turns the fused path off.
 
 The kernels compute ``InfoNet``'s function as bfloat16 autocast does, with fewer
@@ -68,8 +70,9 @@ class FusedInfoNet:
     ``rows``: rows (latents or tokens) per block-kernel program, a multiple of the latents per pair (16 in the
     shipped networks: 4 pairs per program at 64);
     ``warps``: warps per block program. ``tail``: "split" computes the unsmoothed tables with one kernel over
-    (pair, 16 rows) programs, then the smoother and the read-out through torch (compiled); "fused" does all
-    of it in one kernel per pair, its smoother products at tl.dot's ``precision``.
+    (pair, 8 rows) programs, then the smoother and the read-out with one kernel per pair; "torch" takes the
+    smoother and the read-out through torch (compiled) instead; "fused" does all of it in one kernel per pair.
+    ``precision``: tl.dot's for the smoother's products in the kernels ("tf32x3": fp32 accuracy).
     """
 
     def __init__(
@@ -85,8 +88,8 @@ class FusedInfoNet:
         from . import fused_kernels
 
         self.kernels = fused_kernels
-        if tail not in ("split", "fused"):
-            raise ValueError(f"tail must be 'split' or 'fused'; got {tail!r}")
+        if tail not in ("split", "torch", "fused"):
+            raise ValueError(f"tail must be 'split', 'torch' or 'fused'; got {tail!r}")
         self.model = model
         self.cfg = model.cfg
         self.rows, self.warps, self.tail, self.tail_warps = rows, warps, tail, tail_warps
@@ -175,13 +178,14 @@ class FusedInfoNet:
         out = self.head(self.block(dec, tokens, lat, final_ln=True))  # head(norm_out(decode(tokens, lat)))
         two = cfg.smoothers == 2
         gate = model.gate_of(lat) if two else None  # (B, 1, 1)
-        if self.tail == "split":
-            return self.smooth_readout(self.theta(out, hist, mx, my), hist, mx, my, gate)
-        w1, b1, w2, b2 = self.node
+        if self.tail != "fused":
+            return self.readout(self.theta(out, hist, mx, my), hist, mx, my, gate)
         mi = torch.empty(b, dtype=torch.float32, device=hist.device)
+        a = gate.reshape(b).contiguous() if gate is not None else mx  # (B,) gates; unread with one smoother
+        w1, b1, w2, b2 = self.node
         self.kernels._tail_kernel[(b,)](
-            out, hist, mx, my, gate.reshape(b).contiguous() if gate is not None else mx, self.s0, self.s1,
-            w1, b1, w2, b2, mi, **self._shape(), TWO=two, PREC=self.precision, num_warps=self.tail_warps,
+            out, hist, mx, my, a, self.s0, self.s1, w1, b1, w2, b2, mi, **self._shape(), TWO=two, PREC=self.precision,
+            num_warps=self.tail_warps,
         )  # fmt: skip
         return mi
 
@@ -198,5 +202,21 @@ class FusedInfoNet:
         """Unsmoothed tables (B, G, G) fp32 from the head's output: features and the per-node MLP (one kernel)."""
         b, g = hist.shape[0], self.cfg.grid
         theta = torch.empty(b, g, g, dtype=torch.float32, device=hist.device)
-        self.kernels._theta_kernel[(b, g // 16)](out, hist, mx, my, *self.node, theta, **self._shape(), num_warps=4)
+        shape = self._shape() | {"RC": 8}  # 8 rows, 8 warps a program: 8.2 ms per 65,536 pairs on an H200 (16, 4: 9.5)
+        self.kernels._theta_kernel[(b, g // 8)](out, hist, mx, my, *self.node, theta, **shape, num_warps=8)
         return theta
+
+    def readout(
+        self, theta: torch.Tensor, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor, gate: torch.Tensor | None
+    ) -> torch.Tensor:
+        """MI (B,) from unsmoothed tables (B, G, G): the smoother and the DV read-out (a kernel, or torch)."""
+        if self.tail == "torch":
+            return self.smooth_readout(theta, hist, mx, my, gate)
+        b = theta.shape[0]
+        mi = torch.empty(b, dtype=torch.float32, device=theta.device)
+        a = gate.reshape(b).contiguous() if gate is not None else mx  # (B,) gates; unread with one smoother
+        self.kernels._smooth_kernel[(b,)](
+            theta, hist, mx, my, a, self.s0, self.s1, mi, G=self.cfg.grid, TWO=gate is not None, PREC=self.precision,
+            num_warps=4,
+        )  # fmt: skip
+        return mi

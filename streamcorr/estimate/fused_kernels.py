@@ -1,5 +1,5 @@
 """Triton kernels of the fused network (streamcorr.estimate.fused): one transformer block over a tile of pairs,
-a pair's unsmoothed table by rows, and a pair's whole tail (table, smoother, DV read-out).
+a pair's unsmoothed table by rows, a pair's smoother and DV read-out, and a pair's whole tail in one.
 
 Imported only where the fused path runs (CUDA, or the CPU interpreter under ``TRITON_INTERPRET=1``), so that
 a CPU process never pays for importing Triton.
@@ -123,7 +123,7 @@ def _theta_kernel(
     r0 = tl.program_id(1) * RC
     g = tl.arange(0, G)
     hist = hist_ptr + b * G * G
-    n = tl.maximum(tl.sum(tl.sum(tl.load(hist + g[:, None] * G + g[None, :]).to(tl.float32), 1), 0), 1.0)
+    n = tl.maximum(tl.sum(tl.load(mx_ptr + b * G + g), 0), 1.0)  # the window's count from its marginal
     theta = _theta_rows(head_ptr, hist, mx_ptr, my_ptr, w1, b1, w2, b2, b, n, r0, G, P, S, NH, RC)
     ri = r0 + tl.arange(0, RC)
     tl.store(theta_ptr + b * G * G + ri[:, None] * G + g[None, :], theta)
@@ -159,6 +159,31 @@ def _tail_kernel(
         at_ = (1.0 - a) * at_ + a * tl.trans(_tile(s1_ptr, 0, 0, G, G, G))
     sm = tl.dot(left, at_, input_precision=PREC)  # A theta A^T
     first = tl.sum(tl.sum(h * sm, 1), 0) / n
+    z = sm + tl.log(tl.maximum(mx / n, 1e-30))[:, None] + tl.log(tl.maximum(my / n, 1e-30))[None, :]
+    top = tl.max(tl.max(z, 1), 0)
+    tl.store(out_ptr + b, first - top - tl.log(tl.sum(tl.sum(tl.exp(z - top), 1), 0)))
+
+
+@triton.jit
+def _smooth_kernel(
+    theta_ptr, hist_ptr, mx_ptr, my_ptr, gate_ptr, s0_ptr, s1_ptr, out_ptr,
+    G: tl.constexpr, TWO: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    """MI of one pair from its unsmoothed table: A theta A^T (A = (1 - a) S0 + a S1), DV read-out over its histogram."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.arange(0, G)
+    h = tl.load(hist_ptr + b * G * G + g[:, None] * G + g[None, :]).to(tl.float32)
+    n = tl.maximum(tl.sum(tl.sum(h, 1), 0), 1.0)
+    a_ = _tile(s0_ptr, 0, 0, G, G, G)
+    if TWO:
+        a = tl.load(gate_ptr + b)
+        a_ = (1.0 - a) * a_ + a * _tile(s1_ptr, 0, 0, G, G, G)
+    theta = tl.load(theta_ptr + b * G * G + g[:, None] * G + g[None, :])
+    left = tl.dot(a_, theta, input_precision=PREC)  # A theta
+    sm = tl.dot(left, tl.trans(a_), input_precision=PREC)  # A theta A^T
+    first = tl.sum(tl.sum(h * sm, 1), 0) / n
+    mx = tl.load(mx_ptr + b * G + g)
+    my = tl.load(my_ptr + b * G + g)
     z = sm + tl.log(tl.maximum(mx / n, 1e-30))[:, None] + tl.log(tl.maximum(my / n, 1e-30))[None, :]
     top = tl.max(tl.max(z, 1), 0)
     tl.store(out_ptr + b, first - top - tl.log(tl.sum(tl.sum(tl.exp(z - top), 1), 0)))
