@@ -29,14 +29,15 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def jittered_ranks(x: np.ndarray) -> np.ndarray:
+def jittered_ranks(x: np.ndarray, salt: int = 0) -> np.ndarray:
     """The "jitter" tie policy by counting: a tied sample's rank is its group start plus the
-    number of group members with a smaller key mix(position xor digest)."""
+    number of group members with a smaller key mix(position xor digest), the digest starting at
+    salt times the golden-ratio constant (mod 2^64)."""
     x = np.asarray(x, dtype=np.float64)
     n = x.shape[0]
     start = [int(np.sum(x < x[k])) for k in range(n)]
     size = [int(np.sum(x == x[k])) for k in range(n)]
-    seed = 0
+    seed = (salt * 0x9E3779B97F4A7C15) & _MASK
     for k in range(n):
         if size[k] > 1:
             seed = (seed + _mix((start[k] << 32) ^ k ^ (size[k] - 1))) & _MASK

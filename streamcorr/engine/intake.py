@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..estimate.copula import SlidingRanks, Ties
+from ..estimate.copula import SlidingRanks, Ties, name_salt
 from ..logutil import RateLimitedLog
 from ..names import name_problem
 from .buffers import ChannelCounters, Resampler, RingBuffer
@@ -114,7 +114,7 @@ class Channel:
             h = (end_tick - self.ranks_end_tick) // period_ns
             u = self.ranks.update(values[None, -h:])[0]
         else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
-            self.ranks = SlidingRanks(1, n, ties=ties)
+            self.ranks = SlidingRanks(1, n, ties=ties, salts=np.array([name_salt(self.name)], dtype=np.uint64))
             u = self.ranks.update(values[None, :])[0]
         self.ranks_end_tick = end_tick
         return u

@@ -19,6 +19,12 @@ Tie policy (``ties``), the same for ``rank_transform`` and ``SlidingRanks``:
   same window gives the same ranks, a strictly increasing map of the series
   changes nothing, and two series with different tie structure get unrelated
   orders (one shared order would itself be a dependence between x and y).
+  Two series with the *same* tie structure (one a strictly increasing map of
+  the other, e.g. a quantised reading and the same reading in other units)
+  would still share it, and read as an exact copy (about 4.6 nats) instead of
+  the entropy of their levels: so each row also has a salt, added to s (the
+  row's index by default, a digest of the channel's name in the engine), and
+  rows with different salts get unrelated orders.
 
 Both policies agree on a series without ties.
 
@@ -31,6 +37,7 @@ Donsker-Varadhan first term without touching samples again.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 import numba
@@ -45,6 +52,7 @@ __all__ = [
     "Ties",
     "check_ties",
     "marginal_histograms",
+    "name_salt",
     "pair_histograms",
     "quantile_slabs",
     "rank_transform",
@@ -65,6 +73,7 @@ TIE_POLICIES: tuple[str, ...] = ("mid", "jitter")
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S32 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(32)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -76,13 +85,13 @@ def _mix(z: np.uint64) -> np.uint64:
 
 
 @njit(cache=True, nogil=True)
-def _tie_ranks(sv: np.ndarray, pos: np.ndarray, out: np.ndarray, jitter: bool) -> None:
+def _tie_ranks(sv: np.ndarray, pos: np.ndarray, out: np.ndarray, jitter: bool, salt: np.uint64) -> None:
     """Copula values of a window from its values sorted ascending (sv) and their time positions (pos).
 
-    Writes out[pos[k]] for every k; ties resolved by mid-rank or by the deterministic jitter.
+    Writes out[pos[k]] for every k; ties resolved by mid-rank or by the deterministic jitter (salted).
     """
     n = sv.shape[0]
-    seed = np.uint64(0)
+    seed = salt * _GOLDEN  # 0 for salt 0
     if jitter:  # digest of the tie structure: (group start, position) of every sample
         i = 0
         while i < n:
@@ -166,8 +175,8 @@ def _radix_argsort(x: np.ndarray, order: np.ndarray) -> None:
 
 
 @njit(cache=True, parallel=True, nogil=True)
-def _ranks(x: np.ndarray, jitter: bool) -> np.ndarray:
-    """Copula values in (0, 1) of each row of x (N, T), rows in parallel."""
+def _ranks(x: np.ndarray, jitter: bool, salts: np.ndarray) -> np.ndarray:
+    """Copula values in (0, 1) of each row of x (N, T), rows in parallel; salts (N,) uint64."""
     rows, n = x.shape
     out = np.empty(x.shape, dtype=np.float64)
     for r in prange(rows):
@@ -176,7 +185,7 @@ def _ranks(x: np.ndarray, jitter: bool) -> np.ndarray:
         sv = np.empty(n, dtype=np.float64)
         for k in range(n):
             sv[k] = x[r, order[k]]
-        _tie_ranks(sv, order, out[r], jitter)
+        _tie_ranks(sv, order, out[r], jitter, salts[r])
     return out
 
 
@@ -238,10 +247,11 @@ def check_ties(ties: str) -> None:
         raise InputError(f"ties must be 'mid' or 'jitter'; got {ties!r}")
 
 
-def rank_transform(x: object, ties: Ties = "mid") -> np.ndarray:
+def rank_transform(x: object, ties: Ties = "mid", salts: np.ndarray | None = None) -> np.ndarray:
     """Map each row of ``x`` (shape (T,) or (N, T)) to copula values in (0, 1).
 
-    ``ties`` is the tie policy of the module docstring: "mid" or "jitter".
+    ``ties`` is the tie policy of the module docstring: "mid" or "jitter"; ``salts`` (N,) the rows' jitter salts
+    (default: the row indices, so rows of one call never share an order).
 
     >>> rank_transform([3.0, 1.0, 2.0, 2.0])
     array([[0.875, 0.125, 0.5  , 0.5  ]])
@@ -254,7 +264,21 @@ def rank_transform(x: object, ties: Ties = "mid") -> np.ndarray:
         raise InputError("x has no samples; pass at least one value per row")
     if not np.isfinite(arr).all():
         raise InputError("x contains NaN or inf; drop or fill non-finite samples before ranking")
-    return _ranks(arr, ties == "jitter")
+    return _ranks(arr, ties == "jitter", _salts(salts, arr.shape[0]))
+
+
+def _salts(salts: np.ndarray | None, rows: int) -> np.ndarray:
+    if salts is None:
+        return np.arange(rows, dtype=np.uint64)
+    out = np.asarray(salts, dtype=np.uint64).reshape(-1)
+    if out.shape != (rows,):
+        raise InputError(f"salts must have one value per row ({rows}); got shape {np.shape(salts)}")
+    return out
+
+
+def name_salt(name: str) -> int:
+    """A channel's jitter salt: a stable 64-bit digest of its name (the same in every process and source)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
 def _check_unit(u: np.ndarray, name: str) -> None:
@@ -336,8 +360,9 @@ def quantile_slabs(u: np.ndarray, v: np.ndarray, slabs: int) -> tuple[np.ndarray
 
 @njit(cache=True, parallel=True, nogil=True)
 def _slide(
-    vals: np.ndarray, ids: np.ndarray, n_filled: int, new: np.ndarray, first_new: int, n_win: int, jitter: bool
-) -> np.ndarray:
+    vals: np.ndarray, ids: np.ndarray, n_filled: int, new: np.ndarray, first_new: int, n_win: int, jitter: bool,
+    salts: np.ndarray,
+) -> np.ndarray:  # fmt: skip
     """Advance every channel's sorted window by the columns of new (C, h); return copula values (C, n) in time order."""
     c_count, h = new.shape
     end = first_new + h
@@ -371,7 +396,7 @@ def _slide(
         pos = np.empty(m, dtype=np.int64)
         for q in range(m):
             pos[q] = ids[c, q] - first  # position in the window, 0 = oldest
-        _tie_ranks(vals[c, :m], pos, out[c], jitter)
+        _tie_ranks(vals[c, :m], pos, out[c], jitter, salts[c])
     return out
 
 
@@ -390,11 +415,12 @@ class SlidingRanks:
     [[0.16666666666666666, 0.6666666666666666, 0.6666666666666666]]
     """
 
-    def __init__(self, n_channels: int, window_len: int, ties: Ties = "mid") -> None:
+    def __init__(self, n_channels: int, window_len: int, ties: Ties = "mid", salts: np.ndarray | None = None) -> None:
         check_ties(ties)
         self.ties = ties
         if n_channels < 1 or window_len < 1:
             raise InputError(f"n_channels and window_len must be >= 1; got {n_channels} and {window_len}")
+        self.salts = _salts(salts, n_channels)  # jitter salts, as rank_transform's
         self.window_len = window_len
         self._vals = np.empty((n_channels, window_len), dtype=np.float64)
         self._ids = np.empty((n_channels, window_len), dtype=np.int64)
@@ -412,7 +438,8 @@ class SlidingRanks:
             self._next_id += new.shape[1] - self.window_len
             new = new[:, -self.window_len :]
             self._filled = 0
-        out = _slide(self._vals, self._ids, self._filled, new, self._next_id, self.window_len, self.ties == "jitter")
+        out = _slide(self._vals, self._ids, self._filled, new, self._next_id, self.window_len, self.ties == "jitter",
+                     self.salts)  # fmt: skip
         self._next_id += new.shape[1]
         self._filled = out.shape[1]
         return out

@@ -61,6 +61,35 @@ def test_jitter_is_deterministic_and_monotone_invariant():
     assert np.array_equal(u, rank_transform(np.exp(x) - 3.0, ties="jitter"))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(tied_rows, any_rows), st.integers(0, 2**64 - 1))
+def test_salted_jitter_matches_naive_reference(x, salt):
+    """A row's salt enters the jitter's digest exactly as in the counting reference."""
+    got = rank_transform(x, ties="jitter", salts=np.array([salt], dtype=np.uint64))[0]
+    np.testing.assert_allclose(got, jittered_ranks(x, salt), rtol=0, atol=1e-12)
+
+
+def test_rows_with_one_tie_structure_get_unrelated_orders():
+    """A quantised series and a strictly increasing map of it (the same tie structure) in one call, or under
+    different salts, get unrelated orders inside their tie groups: no shared order reads as a copy; each row
+    alone is still invariant to the map, and a name's salt is stable across processes (a fixed digest)."""
+    from streamcorr.estimate.copula import name_salt
+
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, 3, size=20_000).astype(float)
+    u = rank_transform(np.stack([x, 2 * x + 1]), ties="jitter")
+    mid = rank_transform(x)[0]
+    assert np.array_equal(rank_transform(2 * x + 1, ties="jitter")[0], u[0])  # row 0 alone: the map changes nothing
+    within = np.corrcoef(u[0] - mid, u[1] - mid)[0, 1]  # the orders inside the groups
+    assert abs(within) < 0.03  # SE of a correlation at n = 20000 is 0.007
+    salts = np.array([name_salt("a.temp"), name_salt("b.temp")], dtype=np.uint64)
+    v = rank_transform(np.stack([x, x]), ties="jitter", salts=salts)
+    assert abs(np.corrcoef(v[0] - mid, v[1] - mid)[0, 1]) < 0.03
+    assert name_salt("a.temp") == 0x34743533F013A5A7 and name_salt("a.temp") != name_salt("b.temp")
+    with pytest.raises(InputError, match="one value per row"):
+        rank_transform(np.stack([x, x]), ties="jitter", salts=salts[:1])
+
+
 def test_jitter_does_not_correlate_independent_quantised_series():
     """Two independent binary series keep a near-zero rank correlation after jittering (no shared order)."""
     rng = np.random.default_rng(5)
@@ -171,13 +200,14 @@ def test_sliding_ranks_equal_full_reranking_on_every_hop(window_len, hops, seed,
     from streamcorr.estimate.copula import SlidingRanks
 
     rng = np.random.default_rng(seed)
-    sr = SlidingRanks(n_channels=3, window_len=window_len, ties=ties)
+    salts = rng.integers(0, 2**63, size=3).astype(np.uint64) if seed % 2 else None  # explicit, or row indices
+    sr = SlidingRanks(n_channels=3, window_len=window_len, ties=ties, salts=salts)
     stream = np.empty((3, 0))
     for h in hops:
         new = rng.integers(0, 6, size=(3, h)).astype(float)  # few levels: many ties
         stream = np.concatenate([stream, new], axis=1)
         window = stream[:, -window_len:]
-        np.testing.assert_allclose(sr.update(new), rank_transform(window, ties=ties), atol=1e-12)
+        np.testing.assert_allclose(sr.update(new), rank_transform(window, ties=ties, salts=salts), atol=1e-12)
 
 
 def test_sliding_ranks_reject_nonfinite_and_wrong_shape():
