@@ -15,6 +15,8 @@ __all__ = ["ENGINE", "ENGINE_LOST", "INGEST", "OUTPUT", "OUTPUT_GAUGES"]
 ENGINE: dict[str, tuple[str, str]] = {
     "hops": ("streamcorr_hops", "Windows evaluated"),
     "hops_skipped": ("streamcorr_hops_skipped", "Hops superseded because compute was behind"),
+    "hops_in_gaps": ("streamcorr_hops_in_gaps",
+                     "Hops passed over because no channel had a sample (a pause of the stream, or a clock jump)"),
     "pairs_evaluated": ("streamcorr_pairs_evaluated", "Pair estimates made"),
     "channels_retired": ("streamcorr_channels_retired",
                          "Auto-added channels retired after channels.retire_after_s of silence"),

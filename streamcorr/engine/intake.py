@@ -54,6 +54,7 @@ GROWTH_BYTES = 256 << 20  # ... and all buffers' growth together to at most this
 class EngineCounters:
     hops: int = 0
     hops_skipped: int = 0  # hops superseded because compute was still busy
+    hops_in_gaps: int = 0  # hops passed over because the whole stream had a gap (or a device clock jumped ahead)
     pairs_evaluated: int = 0
     pairs_low_coverage: int = 0
     pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
@@ -100,7 +101,7 @@ class Channel:
         self.step: ClockStep | None = None  # the current run of off-clock samples
         self.born_ns = born_ns  # stream time when it was added: its age while it has no accepted sample
         self.capped = False  # its buffer could not grow to hold a window (logged once)
-        self.gaps: list[int] = []  # median sample interval (ns) of each of its first pushes
+        self.gaps: list[tuple[int, int, int]] = []  # its first pushes' (median interval, span, stale) in ns
         self.paced = False  # its interval was judged against max_staleness_s (Intake._pace)
 
     def rank(self, values: np.ndarray, end_tick: int, period_ns: int, ties: Ties) -> np.ndarray | None:
@@ -144,6 +145,7 @@ class Intake:
         self.channels: dict[str, Channel] = {}  # insertion order is matrix order
         self.stream_ns: int | None = None  # newest accepted timestamp (never past the receive clock)
         self.next_end_tick: int | None = None  # end tick (ns) of the next window to evaluate
+        self._gap: tuple[int, int, str] | None = None  # (stream time before, first stamp after, channel): unpassed
         self.retired = ChannelCounters()  # the counters of retired channels, summed (the drop ledger keeps them)
         window_ns = cfg.window_len * self.resampler.period_ns
         self.window_ns = window_ns
@@ -319,25 +321,32 @@ class Intake:
                 newest = int(ch.buffer.last_t_ns or 0)
                 if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
                     newest = min(newest, now_ns)
-                self._advance(newest, int(t_ns[0]))
+                self._advance(newest, int(t_ns.min()), channel)
         return accepted
 
     def _pace(self, ch: Channel, last: int | None, t_ns: np.ndarray) -> None:
-        """Judge a channel's sample interval over its first 8 pushes (with the sample before each): one slower
-        than max_staleness_s is stale between its samples, so its pairs never reach min_coverage: say so once, with
-        the setting that fixes it."""
+        """Judge a channel's sample intervals over its first 8 pushes (with the sample before each): one stale
+        (intervals longer than max_staleness_s) for more of the time than min_coverage leaves has pairs that are
+        never estimated: say so once, with the setting that fixes it. (A channel whose intervals only scatter around
+        max_staleness_s is stale for slivers: its pairs are estimated, and it is not named.)"""
         gaps = np.diff(t_ns if last is None else np.concatenate(([last], t_ns)))
         gaps = gaps[gaps > 0]
         if not len(gaps):
             return
-        ch.gaps.append(int(np.median(gaps)))
-        interval_s = float(np.median(ch.gaps)) / 1e9
+        stale_ns = self.resampler.max_staleness_ns
+        ch.gaps.append((int(np.median(gaps)), int(gaps.sum()), int(np.maximum(gaps - stale_ns, 0).sum())))
         ch.paced = len(ch.gaps) >= 8
-        if ch.paced and interval_s > self.cfg.max_staleness_s:
+        if not ch.paced:
+            return
+        medians, spans, stale = np.array(ch.gaps, dtype=np.float64).T
+        share = stale.sum() / spans.sum()  # of the time between its samples
+        if share > 1.0 - self.cfg.min_coverage:
+            interval_s = float(np.median(medians)) / 1e9
             self._log.each(logging.WARNING, "slow_channel", "channel %.80r samples every %.3g s, less often than "
-                           "channels.max_staleness_s (%g s): it is stale between samples, so its pairs are not "
-                           "estimated; set channels.max_staleness_s to %.2g or more", ch.name, interval_s,
-                           self.cfg.max_staleness_s, 1.5 * interval_s)  # fmt: skip
+                           "channels.max_staleness_s (%g s): it is stale %.0f%% of the time, more than "
+                           "window.min_coverage (%g) allows, so its pairs are not estimated; set "
+                           "channels.max_staleness_s to %.2g or more", ch.name, interval_s, self.cfg.max_staleness_s,
+                           100 * share, self.cfg.min_coverage, 1.5 * interval_s)  # fmt: skip
 
     def _grow(self, ch: Channel, newest_ns: int) -> None:
         """Double a full channel buffer that spans less than a window needs, within the bounds (see __init__)."""
@@ -403,10 +412,14 @@ class Intake:
                     "the stream clock; %d samples dropped as %s before)%s", ch.name, how, abs(step_ns) / 1e9,
                     ch.offset_ns / 1e9, run.samples, why, hint)  # fmt: skip
 
-    def _advance(self, t_ns: int, t_first_ns: int) -> None:
-        """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window."""
-        if self.stream_ns is None or t_ns > self.stream_ns:
+    def _advance(self, t_ns: int, t_first_ns: int, channel: str = "") -> None:
+        """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window. A push
+        whose oldest sample is more than a window past stream time opens a gap of the whole stream."""
+        before = self.stream_ns
+        if before is None or t_ns > before:
             self.stream_ns = t_ns
+        if before is not None and t_first_ns - before > self.window_ns + self.resampler.max_staleness_ns:
+            self._gap = (before, t_first_ns, channel)
         period = self.resampler.period_ns
         if self.next_end_tick is None:  # first window ends one full window after the first sample
             first = (min(t_first_ns, t_ns) // period) * period
@@ -420,6 +433,11 @@ class Intake:
         period = self.resampler.period_ns
         hop_ns = self.cfg.hop_samples * period
         ready = self.stream_ns - self.resampler.max_staleness_ns
+        if self._gap is not None:
+            if self.next_end_tick <= self._gap[0]:  # windows before the gap first: compute lag there is judged alone
+                ready = min(ready, self._gap[0])
+            else:
+                self._pass_gap(hop_ns)
         if ready < self.next_end_tick:
             return None
         behind = (ready - self.next_end_tick) // hop_ns if self.cfg.skip_stale_hops else 0
@@ -431,6 +449,22 @@ class Intake:
         end = self.next_end_tick + behind * hop_ns
         self.next_end_tick = end + hop_ns
         return int(end)
+
+    def _pass_gap(self, hop_ns: int) -> None:
+        """Pass over the hops whose windows end inside the stream's gap (no channel had a sample there): counted in
+        hops_in_gaps, not as hops skipped for compute, and said once per gap with the channel that ended it."""
+        assert self._gap is not None and self.next_end_tick is not None
+        before, after, channel = self._gap
+        self._gap = None
+        passed = max(0, -(-(after - self.next_end_tick) // hop_ns))
+        if not passed:  # already passed over (a replay skips its log's gaps itself)
+            return
+        self.next_end_tick += passed * hop_ns
+        self.counters.hops_in_gaps += passed
+        self._log.warning("gap", "stream time jumped %.3f s ahead with channel %.80r: no channel had a sample in "
+                          "between (a pause of the whole stream, or a device clock that stepped forward, e.g. stamps "
+                          "from its boot then from the epoch); %d hop(s) passed over, %d in all (hops_in_gaps)",
+                          (after - before) / 1e9, channel, passed, self.counters.hops_in_gaps)  # fmt: skip
 
     def due_windows(self) -> Iterator[int]:
         """End ticks (ns) of the windows now due, oldest first, each given out once: a caller that drives

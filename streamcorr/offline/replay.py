@@ -304,13 +304,13 @@ def replay(
 
 def _skip_to(engine: Engine, t_ns: int, hop_ns: int) -> int:
     """Move the engine's next window to the first hop ending at or after ``t_ns`` (the first sample after a
-    gap); returns the hops passed over, which a live daemon would skip as stale too."""
+    gap); returns the hops passed over (hops_in_gaps), which a live engine passes over the same way."""
     intake = engine.intake
     if intake.next_end_tick is None or intake.next_end_tick >= t_ns:
         return 0
     behind = -(-(t_ns - intake.next_end_tick) // hop_ns)
     intake.next_end_tick += behind * hop_ns
-    engine.counters.hops_skipped += behind
+    engine.counters.hops_in_gaps += behind
     return int(behind)
 
 

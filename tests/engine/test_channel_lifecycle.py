@@ -315,20 +315,52 @@ def test_hops_that_fall_behind_are_skipped_with_a_warning_that_says_what_to_try(
     assert len(lines) == 1 and "estimator.threads: 1" in lines[0], lines
 
 
+@pytest.mark.parametrize("jump_s", [60, 1_796_000_000])  # a pause of the whole stream; boot stamps, then epoch ones
+def test_a_jump_of_the_stream_clock_is_a_gap_not_compute_falling_behind(est, caplog, jump_s):
+    """Samples that resume more than a window after the stream's newest stamp (a pause of every channel, or a
+    device whose stamps count from its boot and then from the epoch) pass over the hops inside the gap: counted
+    in hops_in_gaps, said once with the channel and the jump, while hops_skipped (compute falling behind) stays
+    0 and the windows before and after the gap are evaluated."""
+    rng = np.random.default_rng(24)
+    eng = _engine(est, skip_stale_hops=True)
+    ends = []
+    with caplog.at_level(logging.WARNING, logger="streamcorr"):
+        for sec in range(5):
+            for name in ("a", "b"):
+                eng.push_ns(name, _second(sec), rng.standard_normal(int(RATE)))
+            ends += _hops(eng)
+        for sec in range(jump_s, jump_s + 6):
+            for name in ("b", "a"):
+                eng.push_ns(name, _second(sec), rng.standard_normal(int(RATE)))
+            ends += _hops(eng)
+    assert eng.counters.hops_skipped == 0
+    gap_hops = (jump_s - 5) * int(RATE) // 20  # hops of 20 ticks (1 s) whose windows end in the gap, about
+    assert abs(eng.counters.hops_in_gaps - gap_hops) <= 4, (eng.counters.hops_in_gaps, gap_hops)
+    times = [snap.t_ns / 1e9 for snap in ends]
+    assert min(times) < 5 and max(times) > jump_s + 3  # windows before and after the gap
+    lines = [r.getMessage() for r in caplog.records if "jumped" in r.getMessage()]
+    assert len(lines) == 1 and "'b'" in lines[0] and "hops_in_gaps" in lines[0], lines
+    assert not [r for r in caplog.records if "hop(s) skipped" in r.getMessage()]
+
+
 def test_a_channel_slower_than_the_staleness_limit_is_named_once_with_the_setting(est, caplog):
     """A 5 Hz channel with max_staleness_s 0.1 (stale between its samples, its pairs never estimated) is named
     once in the log with a max_staleness_s that fixes it, whether its samples come in batches or one by one; a
-    channel on the 20 Hz clock is not."""
+    channel on the 20 Hz clock is not, nor a 10 Hz one whose median interval is a hair over max_staleness_s (a
+    clock 0.2% slow, 1 ms jitter: stale for slivers, its pairs estimated)."""
     rng = np.random.default_rng(29)
     eng = _engine(est)
     base = 1_700_000_000 * 10**9
+    drift = base + np.round(np.arange(120) * 100.2e6 + rng.uniform(-1e6, 1e6, 120)).astype(np.int64)
     with caplog.at_level(logging.WARNING, logger="streamcorr"):
         for sec in range(12):
             eng.push_ns("clock", _second(sec, base), rng.standard_normal(int(RATE)))
             eng.push_ns("batch5hz", _second(sec, base)[::4], rng.standard_normal(5))
             for t in _second(sec, base)[1::4]:
                 eng.push_ns("single5hz", np.array([t]), rng.standard_normal(1))
+            eng.push_ns("drift10hz", drift[10 * sec : 10 * sec + 10], rng.standard_normal(10))
             _hops(eng)
+    assert np.median(np.diff(drift)) > 0.1e9  # the median interval is over max_staleness_s
     lines = [r.getMessage() for r in caplog.records if "less often than channels.max_staleness_s" in r.getMessage()]
     assert sorted(line.split("'")[1] for line in lines) == ["batch5hz", "single5hz"], lines
     assert all("samples every 0.2 s" in line and "max_staleness_s to 0.3 or more" in line for line in lines), lines
