@@ -376,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--window-len", type=int, default=2000, help="window of the --static examples")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
-    est = sub.add_parser("estimate", help="MI between two columns of a CSV file (header row required)")
+    est = sub.add_parser("estimate", help="MI between two columns of a CSV or Parquet file (CSV: header row required)")
     est.add_argument("csv")
     est.add_argument("x")
     est.add_argument("y")

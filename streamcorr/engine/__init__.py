@@ -1,7 +1,8 @@
 """The engine: samples in, snapshots and change events out, one hop at a time.
 
-``buffers`` holds each channel's ring buffer; ``intake`` admits samples and aligns channels on the clock;
-``scheduler`` chooses the pairs a hop estimates; ``screen`` is the cheap all-pairs statistic; ``matrix`` is the
+``buffers`` holds each channel's ring buffer; ``intake`` admits samples and aligns channels on the clock (the
+tallies in ``counters``); ``scheduler`` chooses the pairs a hop estimates; ``screen`` is the cheap all-pairs
+statistic; ``matrix`` is the
 published MI matrix; ``changes`` detects changes against each pair's null; ``settings`` turns the configuration
 into the engine's; ``core`` runs the hop (align -> rank -> select, with the screen -> estimate -> judge ->
 publish) over one ``hop`` record; ``fast`` reports changes within seconds beside it (decouplings by a CUSUM on

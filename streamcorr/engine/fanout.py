@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .intake import EngineCounters
+from .counters import EngineCounters
 
 __all__ = ["Fanout"]
 

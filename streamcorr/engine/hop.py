@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .intake import Channel, EngineCounters
+from .counters import EngineCounters
+from .intake import Channel
 
 __all__ = ["Hop", "PairNames"]
 

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from ..estimate.copula import SlidingRanks, Ties, name_salt
 from ..logutil import RateLimitedLog
 from ..names import name_problem
 from .buffers import ChannelCounters, Resampler, RingBuffer
+from .counters import EngineCounters
 from .settings import EngineConfig, lag_samples
 
 log = logging.getLogger("streamcorr.engine.core")
@@ -48,35 +49,6 @@ __all__ = ["Channel", "ClockStep", "EngineCounters", "Intake"]
 MIN_STEP_SAMPLES = 8  # off-clock samples a re-anchor needs besides reanchor_after_s of their stamps
 MAX_GROWTH = 16  # a channel's buffer grows to at most this many times the default capacity ...
 GROWTH_BYTES = 256 << 20  # ... and all buffers' growth together to at most this (16 bytes a sample)
-
-
-@dataclass
-class EngineCounters:
-    hops: int = 0
-    hops_skipped: int = 0  # hops superseded because compute was still busy
-    hops_in_gaps: int = 0  # hops passed over because the whole stream had a gap (or a device clock jumped ahead)
-    pairs_evaluated: int = 0
-    pairs_low_coverage: int = 0
-    pairs_screened: int = 0  # cells given the screen's figure instead of a network estimate
-    screen_passed: int = 0  # pairs that passed the screen
-    max_age_overdue: int = 0  # pairs due for their max_age network estimate that did not fit the hop's budget
-    screen_deferred: int = 0  # pairs that passed the screen but did not fit the hop's budget (they wait)
-    unknown_channel: int = 0  # samples for channels not in the config (auto_add_channels=False)
-    bad_name: int = 0  # samples for a name that breaks the channel-name rule
-    channel_limit: int = 0  # samples for new names refused because max_channels exist
-    channels_retired: int = 0  # auto-added channels that left the matrix after retire_after_s of silence
-    channels_reanchored: int = 0  # channels whose clock stepped, re-anchored onto the stream clock
-    future: int = 0  # samples for a new name, all stamped beyond max_future_s (known channels count their own)
-    bad_sample: int = 0  # non-numeric or mismatched input to push
-    snapshots_dropped: int = 0
-    events_dropped: int = 0
-    last_hop_s: float = 0.0  # wall time of the newest hop's evaluation
-    stage_s: dict[str, float] = field(default_factory=dict)  # seconds spent per stage of evaluate()
-
-    def add_time(self, stage: str, t0: float) -> float:
-        now = time.perf_counter()
-        self.stage_s[stage] = self.stage_s.get(stage, 0.0) + now - t0
-        return now
 
 
 @dataclass
@@ -414,11 +386,13 @@ class Intake:
 
     def _advance(self, t_ns: int, t_first_ns: int, channel: str = "") -> None:
         """Move stream time to t_ns (newest sample); t_first_ns (oldest in the push) anchors the first window. A push
-        whose oldest sample is more than a window past stream time opens a gap of the whole stream."""
+        whose oldest sample is more than a window past stream time opens a gap of the whole stream (live, with
+        skip_stale_hops: a replay evaluates every hop, and skips its log's long gaps itself)."""
         before = self.stream_ns
         if before is None or t_ns > before:
             self.stream_ns = t_ns
-        if before is not None and t_first_ns - before > self.window_ns + self.resampler.max_staleness_ns:
+        gap_ns = self.window_ns + self.resampler.max_staleness_ns
+        if self.cfg.skip_stale_hops and before is not None and t_first_ns - before > gap_ns:
             self._gap = (before, t_first_ns, channel)
         period = self.resampler.period_ns
         if self.next_end_tick is None:  # first window ends one full window after the first sample

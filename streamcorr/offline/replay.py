@@ -291,6 +291,7 @@ def replay(
         "interrupted": interrupted,
         "calibration": {
             "window_len": engine.calibration.window_len,
+            "min_coverage": ec.min_coverage,
             "significance": ec.significance,
             "false_alarm_rate_per_evaluation": engine.detector.alpha,
             "false_alarms_per_hour": ec.false_alarms_per_hour if ec.false_alarm_rate is None else None,

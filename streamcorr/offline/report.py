@@ -79,6 +79,9 @@ def _page(
     top: int, at: list[float] | None, notes: list[str],
 ) -> str:  # fmt: skip
     t_ns, mi, dep, n_eff = cols["t_ns"], cols["mi"].astype(float), cols["dependent"], cols["n_eff"]
+    # a value held while its pair's window lacked samples (coverage under min_coverage) was not evaluated then
+    held = cols["coverage"] < float(info.get("calibration", {}).get("min_coverage", 0.9))  # NaN (absent): False
+    line_mi, line_dep = np.where(held, np.nan, mi), np.where(held, -1, dep)
     pair_of, pairs = cols["pair"], [str(p) for p in cols["pairs"]]  # (rows,) index into the labels "a\x1fb"
     index = {p: k for k, p in enumerate(pairs)}
     judged = bool((dep >= 0).any())  # False for output written without the detector's verdict
@@ -115,7 +118,7 @@ def _page(
         rows = order[pair_of[order] == index.get(p, -1)]
         pe = [e for e in mi_events if f"{e['a']}\x1f{e['b']}" == p]
         color = _PAIR_COLORS[n % len(_PAIR_COLORS)]
-        parts.append(_line_svg(p, t_ns[rows], mi[rows], dep[rows], n_eff[rows], pe, hops, t0, color))
+        parts.append(_line_svg(p, t_ns[rows], line_mi[rows], line_dep[rows], n_eff[rows], pe, hops, t0, color))
     if np.isfinite(lag_s := cols["lag_s"]).any():  # lead and lag: the top pairs by MI at their lag, and shifted ones
         best = np.full(len(pairs), -np.inf)
         np.maximum.at(best, pair_of, np.where(np.isfinite(lag_s), np.nan_to_num(cols["mi_lag"], nan=0.0), -np.inf))
@@ -134,8 +137,8 @@ def _page(
         when = float(tables.get("time", 0.0)) - t0
         parts.append(f"<h2>Lookup tables</h2><p class='note'>The model's table &theta; on the last window "
                      f"(t = {when:.1f} s) for the pairs with events and the strongest: rows are a's rank, "
-                     "columns b's; dark is where the pair's values occur together more often than under "
-                     "independence.</p><div class='row'>")  # fmt: skip
+                     "columns b's; red where the pair's values occur together more often than under "
+                     "independence, blue less often, white as often.</p><div class='row'>")  # fmt: skip
         for tb in tables["pairs"]:
             parts.append(table_figure(tb))
         parts.append("</div>")
@@ -307,10 +310,18 @@ def _line_svg(
             f"{axis}{band}{lines}{onsets}{marks}</svg></figure>")  # fmt: skip
 
 
+def _breaks(t: np.ndarray, hops: np.ndarray) -> np.ndarray:
+    """(len(t),) True where a row follows a gap of hops not evaluated (over 1.5 times the usual hop)."""
+    step = float(np.median(np.diff(hops))) if len(hops) > 1 else np.inf
+    return np.r_[False, np.diff(t) > 1.5 * step]
+
+
 def _polylines(t: np.ndarray, v: np.ndarray, hops: np.ndarray, y: Any, color: str) -> str:
-    """The series (t ns, v) as SVG polylines, broken where v is not finite."""
+    """The series (t ns, v) as SVG polylines, broken where v is not finite and across hops not evaluated."""
     segs: list[list[str]] = [[]]
-    for tt, vv in zip(t, v, strict=True):
+    for tt, vv, gap in zip(t, v, _breaks(t, hops), strict=True):
+        if gap and segs[-1]:
+            segs.append([])
         if np.isfinite(vv):
             segs[-1].append(f"{_x(float(tt), hops):.1f},{y(float(vv)):.1f}")
         elif segs[-1]:
@@ -346,13 +357,14 @@ def _lead(a: str, b: str, lag_s: float) -> str:
 
 def _dependent_band(t: np.ndarray, dep: np.ndarray, hops: np.ndarray, color: str) -> str:
     """Rectangles along the axis over the runs of hops where the pair was dependent."""
-    out, k = [], 0
+    out, k, gap = [], 0, _breaks(t, hops)
     while k < len(t):
         if dep[k] != 1:
             k += 1
             continue
         start = k
-        while k < len(t) and dep[k] == 1:
+        k += 1
+        while k < len(t) and dep[k] == 1 and not gap[k]:
             k += 1
         x0, x1 = _x(float(t[start]), hops), _x(float(t[k - 1]), hops)
         out.append(f"<rect class='dep' x='{x0:.1f}' y='{_H - _PAD_B - 4}' width='{max(x1 - x0, 2):.1f}' height='4' "

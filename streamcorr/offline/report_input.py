@@ -18,7 +18,13 @@ from ..errors import InputError
 
 __all__ = ["load_output"]
 
-_OPTIONAL = {"dependent": "bool", "n_eff": "float32", "lag_s": "float32", "mi_lag": "float32"}  # absent: nulls
+_OPTIONAL = {
+    "dependent": "bool",
+    "n_eff": "float32",
+    "lag_s": "float32",
+    "mi_lag": "float32",
+    "coverage": "float32",
+}  # absent: nulls
 _TYPES = {"t_ns": "int64", "a": "string", "b": "string", "mi": "float64", "dependent": "bool", "n_eff": "float32"}
 _EVENT_TYPES = {"time": "float64", "t_ns": "int64", "a": "string", "b": "string", "change": "string",
                 "previous": "float64", "current": "float64"}  # fmt: skip
@@ -114,7 +120,7 @@ def load_output(outdir: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], li
     verdict = pc.fill_null(dependent, False).to_numpy(zero_copy_only=False)
     # 1 dependent, 0 not significant, -1 not known (older output, or a snapshot without the verdict)
     cols["dependent"] = np.where(known, verdict, -1).astype(np.int8)
-    for name in ("n_eff", "lag_s", "mi_lag"):  # NaN where null: no estimate, no significant lag, or not written
+    for name in ("n_eff", "lag_s", "mi_lag", "coverage"):  # NaN where null: no estimate, no lag, or not written
         cols[name] = pc.fill_null(tab.column(name).cast(pa.float64()), np.nan).to_numpy(zero_copy_only=False)
     if len(cols["t_ns"]) == 0:
         raise InputError(f"{outdir}/timeline.parquet has no rows: the replay evaluated no hop")

@@ -96,7 +96,9 @@ def test_constant_series_has_zero_mi(est):
     ("x", "y", "match"),
     [
         (np.zeros(100), np.zeros(99), "same length"),
-        (np.zeros((2, 100)), np.zeros((2, 100)), "1-D"),
+        (np.zeros((2, 100)), np.zeros((2, 100)), "estimate_mi_batch"),
+        ([1.0, None] * 50, np.arange(100.0), "holds None"),
+        (np.array([None] * 100), np.arange(100.0), "holds None"),
         (np.arange(10.0), np.arange(10.0), "at least 32"),
         (np.r_[np.nan, np.arange(99.0)], np.arange(100.0), "NaN or inf"),
         (np.r_[np.inf, np.arange(99.0)], np.arange(100.0), "nonfinite='drop'"),

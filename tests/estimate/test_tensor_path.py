@@ -122,3 +122,27 @@ def test_block_gemm_histograms_serve_any_pair_list(
     ref = est.estimate_histograms(pair_histograms(u, u, est.grid, iu, iv), marg[iu], marg[iv])
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert got[5] > 0.3
+
+
+def test_windows_longer_than_trained_are_read_at_the_trained_count(est: Estimator) -> None:
+    """A window longer than the network was trained on (8,192 samples) is read from its histogram scaled to that
+    count, on the histogram path and the device path alike: Gaussian pairs of 60,000 samples read within 0.04
+    nats of their MI up to 1.16 nats (means over 3 other seeds: -0.006 to -0.028), where read unscaled they
+    sink by up to 0.09; an independent pair stays near 0."""
+    rng = np.random.default_rng(17)
+    n, rhos = 60_000, (0.0, 0.6, 0.8, 0.95)
+    x = rng.standard_normal((len(rhos), n))
+    y = np.stack([r * x[k] + np.sqrt(1 - r * r) * rng.standard_normal(n) for k, r in enumerate(rhos)])
+    u = rank_transform(np.concatenate([x, y]))
+    i, j = np.arange(len(rhos)), np.arange(len(rhos)) + len(rhos)
+    truth = -0.5 * np.log(1 - np.square(rhos))
+    marg = marginal_histograms(u, est.grid)
+    cpu = est.estimate_histograms(pair_histograms(u, u, est.grid, i, j), marg[i], marg[j])
+    dev = TensorPath(est.model, grid=est.grid, device=est.device, batch_size=3).estimate(u, i, j)
+    unscaled = TensorPath(est.model, grid=est.grid, device=est.device, max_window=10**9).estimate(u, i, j)
+    np.testing.assert_allclose(cpu, truth, atol=0.04)
+    np.testing.assert_allclose(dev, cpu, atol=1e-5)
+    assert (np.abs(cpu - truth)[1:] < np.abs(unscaled - truth)[1:]).all(), (cpu, unscaled, truth)
+    h = torch.ones(2, 4, 4)
+    same = tensor_path.trained_counts(h, h.sum(2), h.sum(1), 8)  # 16 samples each, 8 trained: halved
+    assert torch.equal(same[0], h / 2) and torch.equal(same[1], h.sum(2) / 2)

@@ -215,3 +215,28 @@ def test_replay_with_lags_plots_each_lagged_pair_and_lists_its_lag_shift(tmp_pat
     assert main(["report", str(out), "-o", str(html_path)]) == 0
     page = html_path.read_text()
     assert "Lead and lag" not in page and "<figure class='lag'>" not in page and re.search(listed, page)
+
+
+def test_hops_not_evaluated_break_the_mi_lines_and_the_dependent_band(tmp_path):
+    """Across a gap of the whole stream (no hops evaluated for a minute) and across hops where a pair's window lacked
+    samples (coverage under min_coverage: its value only held), the pair's MI line and its dependent band stop and
+    start again instead of drawing the held value through; a pair evaluated throughout keeps one line."""
+    rng = np.random.default_rng(53)
+    _replay_output(tmp_path / "out", rng)
+    tab = pq.read_table(tmp_path / "out" / "timeline.parquet").to_pydict()
+    t = np.array(tab["t_ns"])
+    keep = (t < t.min() + 120 * 10**9) | (t > t.min() + 180 * 10**9)  # one minute of the stream not evaluated
+    tab = {k: [v for v, ok in zip(col, keep, strict=True) if ok] for k, col in tab.items()}
+    t = np.array(tab["t_ns"])
+    late = t > t.min() + 300 * 10**9  # then the second pair's window lacks samples for a while: held values
+    second = np.array([(a, b) == tuple(tab["a"][1:2] + tab["b"][1:2]) for a, b in zip(tab["a"], tab["b"], strict=True)])
+    tab["coverage"] = np.where(second & late & (t < t.min() + 340 * 10**9), 0.4, 1.0).astype(np.float32).tolist()
+    tab["mi"] = np.where(second, 0.7, tab["mi"]).tolist()  # drawn among the strongest
+    tab["dependent"] = [bool(d or s) for d, s in zip(tab["dependent"], second, strict=True)]
+    pq.write_table(pa.table(tab), tmp_path / "out" / "timeline.parquet")
+    write_report(tmp_path / "out", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    figures = re.findall(r"<figure class='line'>.*?</figure>", page)
+    lines = [len(re.findall("<polyline", f)) for f in figures]
+    bands = [len(re.findall("class='dep'", f)) for f in figures]
+    assert lines[:2] == [2, 3] and bands[:2] == [2, 3], (lines, bands)  # the gap; the gap and the held hops
