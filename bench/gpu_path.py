@@ -50,6 +50,7 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("torch compiled bf16", 16384, None),
     ("fused blocks, split tail", 65536, {"tail": "split"}),
     ("fused blocks, split tail (torch-compiled smoother)", 65536, {"tail": "torch"}),
+    ("fused blocks, split tail (torch-compiled inputs)", 65536, {"embed": "torch"}),
     ("fused blocks, fused tail (16 warps, 3xTF32 smoother)", 65536, {"tail": "fused", "tail_warps": 16}),
     ("fused blocks, fused tail (16 warps, TF32 smoother)", 65536, {"tail": "fused", "precision": "tf32"}),
     ("fused blocks (32 rows/program, 2 warps), split tail", 65536, {"tail": "split", "rows": 32, "warps": 2}),
@@ -143,12 +144,14 @@ def fused_stages(fused: FusedInfoNet, batch: int, dev: torch.device) -> dict[str
         return statistics.median(ts)
 
     with torch.inference_mode():
-        with amp:
-            _, tokens, lat = fused.inputs(hist, mx, my)
+        tokens, lat = fused.tokens(hist, mx, my)
         enc, *process, dec = fused.blocks
         out = {"whole network": ms(lambda: fused(hist, mx, my))}
-        with amp:
-            out["inputs (torch compiled)"] = ms(lambda: fused.inputs(hist, mx, my))
+        if fused.embed == "kernel":
+            out["inputs (Triton)"] = ms(lambda: fused.tokens(hist, mx, my))
+        else:
+            with amp:
+                out["inputs (torch compiled)"] = ms(lambda: fused.inputs(hist, mx, my))
         out["encode block"] = ms(lambda: fused.block(enc, lat, tokens))
         out[f"{len(process)} self blocks"] = len(process) * ms(lambda: fused.block(process[0], lat, None))
         out["decode block + norm_out"] = ms(lambda: fused.block(dec, tokens, lat, final_ln=True))

@@ -23,6 +23,7 @@ Tests run them on the CPU with ``TRITON_INTERPRET=1`` (fp32 operands there).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from typing import Any
 
@@ -72,12 +73,14 @@ class FusedInfoNet:
     ``warps``: warps per block program. ``tail``: "split" computes the unsmoothed tables with one kernel over
     (pair, 8 rows) programs, then the smoother and the read-out with one kernel per pair; "torch" takes the
     smoother and the read-out through torch (compiled) instead; "fused" does all of it in one kernel per pair.
-    ``precision``: tl.dot's for the smoother's products in the kernels ("tf32x3": fp32 accuracy).
+    ``precision``: tl.dot's for the smoother's products in the kernels ("tf32x3": fp32 accuracy). ``embed``:
+    "kernel" computes the input features and the tokens' embedding in one kernel per pair; "torch" through
+    ``InfoNet.inputs`` (compiled).
     """
 
     def __init__(
         self, model: InfoNet, *, rows: int = 64, warps: int = 4, tail: str = "split", tail_warps: int = 16,
-        precision: str = "tf32x3", compile_inputs: bool = True,
+        precision: str = "tf32x3", compile_inputs: bool = True, embed: str = "kernel",
     ) -> None:  # fmt: skip
         if not HAS_TRITON:
             raise RuntimeError("the fused path needs triton")
@@ -90,6 +93,9 @@ class FusedInfoNet:
         self.kernels = fused_kernels
         if tail not in ("split", "torch", "fused"):
             raise ValueError(f"tail must be 'split', 'torch' or 'fused'; got {tail!r}")
+        if embed not in ("kernel", "torch"):
+            raise ValueError(f"embed must be 'kernel' or 'torch'; got {embed!r}")
+        self.embed = embed
         self.model = model
         self.cfg = model.cfg
         self.rows, self.warps, self.tail, self.tail_warps = rows, warps, tail, tail_warps
@@ -104,6 +110,10 @@ class FusedInfoNet:
         self.s0 = model.smoother.detach().float().contiguous()
         two = model.cfg.smoothers == 2
         self.s1 = model.smoother_sharp.detach().float().contiguous() if two else self.s0
+
+        self.embed_t = model.embed.weight.detach().t().to(self.act_dtype).contiguous()  # (2 p p, d)
+        self.embed_b = model.embed.bias.detach().float().contiguous()
+        self.pos = model.pos.detach().float().contiguous()  # (S*S, d)
 
         def inputs(hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return model.inputs(hist.float(), mx, my)  # the fp16 histograms widened inside the compiled graph
@@ -169,8 +179,11 @@ class FusedInfoNet:
         b = hist.shape[0]
         hist = hist.contiguous()
         mx, my = mx.float().contiguous(), my.float().contiguous()
-        with torch.autocast(hist.device.type, dtype=torch.bfloat16, enabled=not _INTERPRET):
-            _, tokens, lat = self.inputs(hist, mx, my)
+        if self.embed == "kernel":
+            tokens, lat = self.tokens(hist, mx, my)
+        else:
+            with torch.autocast(hist.device.type, dtype=torch.bfloat16, enabled=not _INTERPRET):
+                _, tokens, lat = self.inputs(hist, mx, my)
         enc, *process, dec = self.blocks
         lat = self.block(enc, lat, tokens)
         for params in process:
@@ -192,6 +205,18 @@ class FusedInfoNet:
     def _shape(self) -> dict[str, int]:
         cfg = self.cfg
         return {"G": cfg.grid, "P": cfg.patch, "S": cfg.grid // cfg.patch, "NH": cfg.node_hidden, "RC": 16}
+
+    def tokens(self, hist: torch.Tensor, mx: torch.Tensor, my: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embedded tokens (B, S*S, d) fp32 (one kernel: features, embedding, positions, plus the window's length
+        embedding) and the latents' start (B, M, d), as ``InfoNet.inputs`` gives them."""
+        cfg, model = self.cfg, self.model
+        b, s = hist.shape[0], cfg.grid // cfg.patch
+        n = mx.sum(dim=1).clamp_min(1.0)
+        length = model.len_embed(((torch.log(n) - math.log(1000.0)) / 2.0)[:, None]).float()[:, None, :]  # (B, 1, d)
+        out = torch.empty(b, s * s, cfg.d_model, dtype=torch.float32, device=hist.device)
+        self.kernels._embed_kernel[(b,)](hist, mx, my, self.embed_t, self.embed_b, self.pos, out, G=cfg.grid,
+                                         P=cfg.patch, S=s, D=cfg.d_model, DOT=self.dot, num_warps=4)  # fmt: skip
+        return out + length, model.latents.float() + length
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         """The head's product (B, S*S, 4 p p) of norm_out(decoded tokens), in bf16 as under autocast."""

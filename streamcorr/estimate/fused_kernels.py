@@ -187,3 +187,29 @@ def _smooth_kernel(
     z = sm + tl.log(tl.maximum(mx / n, 1e-30))[:, None] + tl.log(tl.maximum(my / n, 1e-30))[None, :]
     top = tl.max(tl.max(z, 1), 0)
     tl.store(out_ptr + b, first - top - tl.log(tl.sum(tl.sum(tl.exp(z - top), 1), 0)))
+
+
+@triton.jit
+def _embed_kernel(
+    hist_ptr, mx_ptr, my_ptr, wt_ptr, b_ptr, pos_ptr, o_ptr,
+    G: tl.constexpr, P: tl.constexpr, S: tl.constexpr, D: tl.constexpr, DOT: tl.constexpr,
+):  # fmt: skip
+    """A pair's tokens (S*S, D) fp32: each patch's input features (squashed Pearson residual, log ratio; P*P nodes
+    each) through the embedding (weight transposed (2 P P, D)), plus its bias and the position embedding."""
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.arange(0, S * S)  # tokens, row-major over patches
+    k = tl.arange(0, P * P)  # a patch's nodes, row-major
+    row = (t // S)[:, None] * P + (k // P)[None, :]  # (S*S, P*P) node coordinates
+    col = (t % S)[:, None] * P + (k % P)[None, :]
+    n = tl.maximum(tl.sum(tl.load(mx_ptr + b * G + tl.arange(0, G)), 0), 1.0)
+    h = tl.load(hist_ptr + b * G * G + row * G + col).to(tl.float32)
+    e = tl.load(mx_ptr + b * G + row) * tl.load(my_ptr + b * G + col) / n
+    resid = (h - e) / tl.sqrt(e + 1.0)
+    sq = tl.where(resid < 0, -1.0, 1.0) * tl.log(tl.abs(resid) + tl.sqrt(resid * resid + 1.0))
+    lr = tl.log((h + 0.5) / (e + 0.5))
+    d = tl.arange(0, D)
+    w_sq = tl.load(wt_ptr + k[:, None] * D + d[None, :])  # (P*P, D): the squashed channel's rows
+    w_lr = tl.load(wt_ptr + (P * P + k)[:, None] * D + d[None, :])
+    out = tl.dot(sq.to(DOT), w_sq) + tl.dot(lr.to(DOT), w_lr)  # (S*S, D)
+    out += tl.load(b_ptr + d)[None, :] + tl.load(pos_ptr + t[:, None] * D + d[None, :])
+    tl.store(o_ptr + b * S * S * D + t[:, None] * D + d[None, :], out)
