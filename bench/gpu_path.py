@@ -50,7 +50,7 @@ VARIANTS: list[tuple[str, int, dict[str, Any] | None]] = [
     ("torch compiled bf16", 16384, None),
     ("fused blocks, split tail", 65536, {"tail": "split"}),
     ("fused blocks, split tail (torch-compiled smoother)", 65536, {"tail": "torch"}),
-    ("fused blocks, split tail (torch-compiled inputs)", 65536, {"embed": "torch"}),
+    ("fused blocks, split tail, inputs as a Triton kernel", 65536, {"embed": "kernel"}),
     ("fused blocks, fused tail (16 warps, 3xTF32 smoother)", 65536, {"tail": "fused", "tail_warps": 16}),
     ("fused blocks, fused tail (16 warps, TF32 smoother)", 65536, {"tail": "fused", "precision": "tf32"}),
     ("fused blocks (32 rows/program, 2 warps), split tail", 65536, {"tail": "split", "rows": 32, "warps": 2}),

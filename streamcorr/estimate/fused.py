@@ -74,13 +74,14 @@ class FusedInfoNet:
     (pair, 8 rows) programs, then the smoother and the read-out with one kernel per pair; "torch" takes the
     smoother and the read-out through torch (compiled) instead; "fused" does all of it in one kernel per pair.
     ``precision``: tl.dot's for the smoother's products in the kernels ("tf32x3": fp32 accuracy). ``embed``:
-    "kernel" computes the input features and the tokens' embedding in one kernel per pair; "torch" through
-    ``InfoNet.inputs`` (compiled).
+    "torch" takes the input features and the tokens' embedding through ``InfoNet.inputs`` (compiled); "kernel"
+    computes them in one kernel per pair (checked in the interpreter only: ``bench.gpu_path`` times it as a
+    variant, and it becomes the default once a GPU run shows it faster within tolerance).
     """
 
     def __init__(
         self, model: InfoNet, *, rows: int = 64, warps: int = 4, tail: str = "split", tail_warps: int = 16,
-        precision: str = "tf32x3", compile_inputs: bool = True, embed: str = "kernel",
+        precision: str = "tf32x3", compile_inputs: bool = True, embed: str = "torch",
     ) -> None:  # fmt: skip
         if not HAS_TRITON:
             raise RuntimeError("the fused path needs triton")
