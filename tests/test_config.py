@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from streamcorr.cli.commands import main
 from streamcorr.config import load_config, parse_config
@@ -61,11 +62,20 @@ def test_hop_in_seconds_converts_to_samples():
     assert parse_config(MINIMAL).hop_samples() == 100
 
 
-def test_check_command(tmp_path, capsys):
+def test_check_command(tmp_path, capsys, monkeypatch):
     """`streamcorr check` prints a summary for a good file and a keyed error (exit 2) for a bad one."""
     assert main(["check", str(EXAMPLES / "mqtt.yaml")]) == 0
     out = capsys.readouterr().out
     assert "source mqtt" in out and "receive buffer" in out  # fixed or auto-tuned, as this kernel allows
+    assert "null calibration" not in out  # a shipped window: nothing to measure at the first start
+    odd = tmp_path / "odd.yaml"  # a window no shipped file covers: the first start measures, and check says so
+    odd.write_text((EXAMPLES / "mqtt.yaml").read_text() + "\n")
+    cfg = yaml.safe_load(odd.read_text())
+    cfg.setdefault("window", {})["samples"] = 300
+    odd.write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("STREAMCORR_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["check", str(odd)]) == 0
+    assert "measures the change detector's null calibration for window.samples=300" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nsources:\n  - type: zmq\n    endpoint: tcp://127.0.0.1:1\nwindow:\n  sampels: 64\n")
     assert main(["check", str(bad)]) == 2

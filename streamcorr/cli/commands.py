@@ -29,15 +29,9 @@ def _demo(args: argparse.Namespace) -> int:
     print("streamcorr demo: a simulated robot arm, 20 sensors at 50 Hz, every pair's MI refreshed each second.")
     print("Scripted faults at 40 s (joint 2 seizes), 80 s (fan fails), 120 s (loose cable). Ctrl-C stops.")
     try:
-        return asyncio.run(
-            run_live_demo(
-                seed=args.seed,
-                speed=args.speed,
-                duration_s=args.duration,
-                script_scale=args.script_scale,
-                web_port=None if args.no_web else args.port,
-            )
-        )
+        web = None if args.no_web else args.port
+        return asyncio.run(run_live_demo(seed=args.seed, speed=args.speed, duration_s=args.duration,
+                                         script_scale=args.script_scale, web_port=web))  # fmt: skip
     except KeyboardInterrupt:
         return 130
 
@@ -270,6 +264,7 @@ def _heatmap_png(mi: np.ndarray, names: list[str], path: str, title: str) -> Non
 def _check(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..daemon.exposure import exposed_listeners
+    from ..engine.changes import first_start_note
     from ..engine.settings import EngineConfig, fast_path_cost, lag_cost
     from ..ingest.payload import source_decoder
 
@@ -300,6 +295,8 @@ def _check(args: argparse.Namespace) -> int:
     n = len(ec.channels)
     print(f"  changes: {fast_path_cost(ec, n * (n - 1) // 2 if cfg.pairs.mode == 'all' and n > 1 else None)}")
     print(f"  lags: {lag_cost(ec)}")
+    if (note := first_start_note(dict(ec.estimator), ec.window_len)) is not None:
+        print(f"  note: {note}")
     if (rec := cfg.outputs.record) is not None:
         print(f"  record: {rec.directory} (writable), a new file every {rec.rotate_s:g} s, "
               f"at most {rec.max_bytes:,} bytes")  # fmt: skip

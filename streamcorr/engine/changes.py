@@ -317,3 +317,17 @@ def calibration_eta_s(window_len: int) -> float:
     """Expected seconds of a first-start null table on a small CPU (the progress line says it)."""
     # measured on a 2-core CPU: about 1 ms per pair plus 10 us per window sample (generation, ACF, network)
     return (1e-3 + 1e-5 * window_len) * FIRST_START_PAIRS
+
+
+def first_start_note(estimator_settings: dict[str, object], window_len: int) -> str | None:
+    """What a first start with these estimator settings and window will measure before its first hop (a null
+    table no file holds), or None; loads the weights (as the daemon's start would) to know their fingerprint."""
+    from ..estimate.estimator import Estimator
+
+    est = Estimator(**estimator_settings)  # type: ignore[arg-type]
+    if calibration_origin(est.fingerprint, window_len) != "measure":
+        return None
+    eta = calibration_eta_s(window_len)
+    return (f"the first start measures the change detector's null calibration for window.samples={window_len} "
+            f"(about {eta:.0f} s on 2 cores; then cached in {cache_dir()}); the shipped windows 256, 512, 1024 and "
+            "2048 start at once")  # fmt: skip
