@@ -293,7 +293,7 @@ class Intake:
                 newest = int(ch.buffer.last_t_ns or 0)
                 if max_t_ns is not None:  # a sample a little ahead of the clock must not end windows for the others
                     newest = min(newest, now_ns)
-                self._advance(newest, int(t_ns.min()), channel)
+                self._advance(newest, int(t_ns[0]), channel)
         return accepted
 
     def _pace(self, ch: Channel, last: int | None, t_ns: np.ndarray) -> None:
@@ -391,9 +391,9 @@ class Intake:
         before = self.stream_ns
         if before is None or t_ns > before:
             self.stream_ns = t_ns
-        gap_ns = self.window_ns + self.resampler.max_staleness_ns
-        if self.cfg.skip_stale_hops and before is not None and t_first_ns - before > gap_ns:
-            self._gap = (before, t_first_ns, channel)
+        gap_ns, first = self.window_ns + self.resampler.max_staleness_ns, min(t_first_ns, t_ns)  # t_ns: at most now
+        if self.cfg.skip_stale_hops and before is not None and first - before > gap_ns:
+            self._gap = (before, first, channel)
         period = self.resampler.period_ns
         if self.next_end_tick is None:  # first window ends one full window after the first sample
             first = (min(t_first_ns, t_ns) // period) * period
