@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ..estimate.copula import SlidingRanks, Ties, name_salt
+from ..estimate.copula import SlidingRanks, Ties
+from ..estimate.salts import name_salt
 from ..logutil import RateLimitedLog
 from ..names import name_problem
 from .buffers import ChannelCounters, Resampler, RingBuffer

@@ -22,9 +22,11 @@ Tie policy (``ties``), the same for ``rank_transform`` and ``SlidingRanks``:
   Two series with the *same* tie structure (one a strictly increasing map of
   the other, e.g. a quantised reading and the same reading in other units)
   would still share it, and read as an exact copy (about 4.6 nats) instead of
-  the entropy of their levels: so each row also has a salt, added to s (the
-  row's index by default, a digest of the channel's name in the engine), and
-  rows with different salts get unrelated orders.
+  the entropy of their levels: so a row also has a salt, added to s (0 by
+  default), and rows with different salts get unrelated orders
+  (:mod:`streamcorr.estimate.salts`: the engine salts each channel by a digest
+  of its name; a pair whose two rows rank identically gets its second row a
+  salt of its own).
 
 Both policies agree on a series without ties.
 
@@ -37,7 +39,6 @@ Donsker-Varadhan first term without touching samples again.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Literal
 
 import numba
@@ -52,7 +53,6 @@ __all__ = [
     "Ties",
     "check_ties",
     "marginal_histograms",
-    "name_salt",
     "pair_histograms",
     "quantile_slabs",
     "rank_transform",
@@ -251,7 +251,7 @@ def rank_transform(x: object, ties: Ties = "mid", salts: np.ndarray | None = Non
     """Map each row of ``x`` (shape (T,) or (N, T)) to copula values in (0, 1).
 
     ``ties`` is the tie policy of the module docstring: "mid" or "jitter"; ``salts`` (N,) the rows' jitter salts
-    (default: the row indices, so rows of one call never share an order).
+    (default 0: a row's ranks depend on it alone, not on its place in the call).
 
     >>> rank_transform([3.0, 1.0, 2.0, 2.0])
     array([[0.875, 0.125, 0.5  , 0.5  ]])
@@ -269,16 +269,11 @@ def rank_transform(x: object, ties: Ties = "mid", salts: np.ndarray | None = Non
 
 def _salts(salts: np.ndarray | None, rows: int) -> np.ndarray:
     if salts is None:
-        return np.arange(rows, dtype=np.uint64)
+        return np.zeros(rows, dtype=np.uint64)
     out = np.asarray(salts, dtype=np.uint64).reshape(-1)
     if out.shape != (rows,):
         raise InputError(f"salts must have one value per row ({rows}); got shape {np.shape(salts)}")
     return out
-
-
-def name_salt(name: str) -> int:
-    """A channel's jitter salt: a stable 64-bit digest of its name (the same in every process and source)."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
 
 
 def _check_unit(u: np.ndarray, name: str) -> None:

@@ -8,9 +8,7 @@ projections from a seeded generator.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,10 +19,19 @@ import torch
 
 from ..errors import InputError
 from .aot import AotForward, aot_enabled
-from .copula import Ties, check_ties, marginal_histograms, pair_histograms, rank_transform, set_kernel_threads
+from .copula import (
+    Ties,
+    check_ties,
+    marginal_histograms,
+    pair_histograms,
+    rank_transform,
+    set_kernel_threads,
+)
+from .device import resolve_device, tune_allocator
 from .fused import fused_network
 from .model import InfoNet, dv_readout
 from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
+from .salts import identical_rows, pair_ranks
 from .significance import prewhiten
 from .tensor_path import MAX_TRAINED_WINDOW, TensorPath, device_batch_size, trained_counts
 from .weights import DEFAULT_TIES, load_model
@@ -34,39 +41,6 @@ __all__ = ["Estimator", "default_estimator", "estimate_mi", "estimate_mi_batch",
 NonFinite = Literal["raise", "drop"]
 Histograms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # hist (P, G, G), mx, my (P, G), constant (P,)
 Ranked = tuple[Histograms, np.ndarray | None]  # and the copula rows [x; y] (2P, T), None where samples were dropped
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-_allocator_tuned = False
-
-
-def _tune_allocator() -> None:
-    """Keep freed activation buffers in the heap instead of returning them to the OS.
-
-    glibc serves large blocks with fresh mmap pages and trims the heap after
-    frees, so every forward pass page-faults its activations back in: measured
-    here, that doubled CPU inference time. Peak memory is bounded by batch_size.
-    """
-    global _allocator_tuned
-    if _allocator_tuned or not sys.platform.startswith("linux"):
-        return
-    _allocator_tuned = True
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, 256 * 2**20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1024 * 2**20)
-    except (OSError, AttributeError):  # not glibc: leave the allocator alone
-        pass
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise InputError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto'; got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {device!r} requested but torch sees no CUDA device; use device='cpu' or 'auto'")
-    return torch.device(device)
 
 
 def _as_array(x: object, name: str) -> np.ndarray:
@@ -128,9 +102,9 @@ class Estimator:
             torch.set_num_threads(threads)
         set_kernel_threads(threads)  # and for the rank kernels: this thread's (an engine's hop thread sets its own)
         self.threads = threads
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         if self.device.type == "cpu":
-            _tune_allocator()
+            tune_allocator()
         self.batch_size = batch_size
         # called before each network batch (refinement passes included): a caller may raise there to end a long
         # call early (streamcorr.compute.local.stoppable)
@@ -197,16 +171,12 @@ class Estimator:
         finite = np.isfinite(xa) & np.isfinite(ya)
         if not finite.all():
             if self.nonfinite == "raise":
-                bad = int((~finite).sum())
-                msg = (
-                    f"{bad} samples are NaN or inf; clean them, or pass nonfinite='drop' to drop those "
-                    "(x, y) pairs before estimating"
-                )
-                raise InputError(msg)
+                raise InputError(f"{int((~finite).sum())} samples are NaN or inf; clean them, or pass "
+                                 "nonfinite='drop' to drop those (x, y) pairs before estimating")  # fmt: skip
             return self._histograms_dropping(xa, ya, finite), None
         self._check_length(xa.shape[1])
         constant = (xa.min(axis=1) == xa.max(axis=1)) | (ya.min(axis=1) == ya.max(axis=1))
-        u = rank_transform(np.concatenate([xa, ya]), self.ties)
+        u = pair_ranks(xa, ya, self.ties)
         p = xa.shape[0]
         idx = np.arange(p)
         hist = pair_histograms(u, u, self.grid, idx, idx + p)
@@ -226,7 +196,7 @@ class Estimator:
         return hist, mx, my, constant
 
     def _histograms_row(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-        u = rank_transform(np.stack([x, y]), self.ties)
+        u = pair_ranks(x[None], y[None], self.ties)
         marg = marginal_histograms(u, self.grid)
         constant = bool(x.min() == x.max() or y.min() == y.max())
         return pair_histograms(u[:1], u[1:], self.grid)[0], marg[0], marg[1], constant
@@ -368,7 +338,9 @@ class Estimator:
         out = np.full((c, c), np.nan)
         if np.isfinite(d).all():
             self._check_length(d.shape[1])
-            mi = self.estimate_ranks(rank_transform(d, self.ties), i, j, d.min(axis=1) == d.max(axis=1))
+            mi = self.estimate_ranks(u := rank_transform(d, self.ties), i, j, d.min(axis=1) == d.max(axis=1))
+            for k in identical_rows(u, i, j) if self.ties == "jitter" else ():  # shared ties: as estimate_batch
+                mi[k] = self.estimate_batch(d[i[k]][None], d[j[k]][None])[0]
         else:
             mi = self.estimate_batch(d[i], d[j])
         out[i, j] = out[j, i] = mi

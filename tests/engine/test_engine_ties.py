@@ -9,7 +9,7 @@ import pytest
 import streamcorr
 from streamcorr import Estimator
 from streamcorr.engine.core import Engine, EngineConfig
-from streamcorr.estimate.copula import name_salt, rank_transform
+from streamcorr.estimate.salts import name_salt, rank_transform
 
 RATE = 50.0
 
@@ -111,3 +111,36 @@ def test_a_quantised_reading_in_two_units_reads_its_entropy_not_a_copy():
     assert abs(eng.latest.mi[c, f] - entropy) < 0.15, (eng.latest.mi[c, f], entropy)
     assert abs(streamcorr.estimate_mi(window[c], window[f]) - streamcorr.estimate_mi(window[c], -window[f])) < 0.1
     assert eng.latest.mi[c, o] < 0.1 and eng.latest.mi[f, o] < 0.1
+
+
+def test_the_matrix_does_not_depend_on_the_channels_order():
+    """Quantised channels on the clock (shared ranks, each salted by its channel's name): the same samples with
+    the channels listed in reverse give the same MI in every cell, up to the network reading a pair's transpose
+    (a pair's orientation follows the channels' order): within 0.01 nats, where a jitter that followed the
+    order moved quantised pairs by up to 0.28."""
+    rng = np.random.default_rng(43)
+    n = 40 * 50  # 40 s at 50 Hz
+    x = np.cumsum(rng.standard_normal(n)) * 0.2
+    t50 = np.arange(n) / 50.0
+    levels = rng.integers(0, 4, n).astype(float)
+    streams = {"a.q": (t50, np.round(x)), "b.q2": (t50, np.round(2 * x) / 2),
+               "c.w": (t50, rng.standard_normal(n)), "d.lvl": (t50, levels)}  # fmt: skip
+
+    def matrix(names: list[str]) -> dict[tuple[str, str], float]:
+        cfg = EngineConfig(channels=names, rate_hz=50.0, window_len=512, hop_samples=100, max_staleness_s=0.25,
+                           skip_stale_hops=False, queue_size=100_000)  # fmt: skip
+        eng = Engine(cfg)
+        for name in names:
+            eng.push(name, *streams[name])
+        snap = None
+        for end in eng.due_windows():
+            snap, _ = eng.evaluate(end)
+        assert snap is not None
+        ch = list(snap.channels)
+        return {(a, b): float(snap.mi[ch.index(a), ch.index(b)]) for a in names for b in names if a < b}
+
+    order = sorted(streams)
+    first, second = matrix(order), matrix(order[::-1])
+    assert first.keys() == second.keys()
+    assert all(abs(first[k] - second[k]) < 0.01 for k in first), (first, second)
+    assert first[("a.q", "b.q2")] > 0.5 and np.isfinite(list(first.values())).all()

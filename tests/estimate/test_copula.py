@@ -70,21 +70,23 @@ def test_salted_jitter_matches_naive_reference(x, salt):
 
 
 def test_rows_with_one_tie_structure_get_unrelated_orders():
-    """A quantised series and a strictly increasing map of it (the same tie structure) in one call, or under
-    different salts, get unrelated orders inside their tie groups: no shared order reads as a copy; each row
-    alone is still invariant to the map, and a name's salt is stable across processes (a fixed digest)."""
-    from streamcorr.estimate.copula import name_salt
+    """A row's jittered ranks depend on it alone (not on its place in the call); a quantised series and a strictly
+    increasing map of it (the same tie structure) share an order unless salted apart: pair_ranks salts the
+    second of such a pair, and the engine's name salts differ; a name's salt is stable across processes."""
+    from streamcorr.estimate.salts import name_salt, pair_ranks
 
     rng = np.random.default_rng(6)
     x = rng.integers(0, 3, size=20_000).astype(float)
-    u = rank_transform(np.stack([x, 2 * x + 1]), ties="jitter")
+    other = rng.integers(0, 5, size=20_000).astype(float)
+    u = rank_transform(np.stack([other, x, 2 * x + 1]), ties="jitter")
+    assert np.array_equal(u[1], rank_transform(x, ties="jitter")[0]) and np.array_equal(u[1], u[2])
     mid = rank_transform(x)[0]
-    assert np.array_equal(rank_transform(2 * x + 1, ties="jitter")[0], u[0])  # row 0 alone: the map changes nothing
-    within = np.corrcoef(u[0] - mid, u[1] - mid)[0, 1]  # the orders inside the groups
-    assert abs(within) < 0.03  # SE of a correlation at n = 20000 is 0.007
+    v = pair_ranks(np.stack([other, x]), np.stack([x, 2 * x + 1]), "jitter")  # pairs (other, x) and (x, 2x + 1)
+    assert np.array_equal(v[1], u[1]) and np.array_equal(v[2], u[1])  # x: its own order in any pair
+    assert abs(np.corrcoef(v[1] - mid, v[3] - mid)[0, 1]) < 0.03  # SE of a correlation at n = 20000 is 0.007
     salts = np.array([name_salt("a.temp"), name_salt("b.temp")], dtype=np.uint64)
-    v = rank_transform(np.stack([x, x]), ties="jitter", salts=salts)
-    assert abs(np.corrcoef(v[0] - mid, v[1] - mid)[0, 1]) < 0.03
+    w = rank_transform(np.stack([x, x]), ties="jitter", salts=salts)
+    assert abs(np.corrcoef(w[0] - mid, w[1] - mid)[0, 1]) < 0.03
     assert name_salt("a.temp") == 0x34743533F013A5A7 and name_salt("a.temp") != name_salt("b.temp")
     with pytest.raises(InputError, match="one value per row"):
         rank_transform(np.stack([x, x]), ties="jitter", salts=salts[:1])
