@@ -390,8 +390,7 @@ class Intake:
         whose oldest sample is more than a window past stream time opens a gap of the whole stream (live, with
         skip_stale_hops: a replay evaluates every hop, and skips its log's long gaps itself)."""
         before = self.stream_ns
-        if before is None or t_ns > before:
-            self.stream_ns = t_ns
+        stream = self.stream_ns = t_ns if before is None or t_ns > before else before
         gap_ns, first = self.window_ns + self.resampler.max_staleness_ns, min(t_first_ns, t_ns)  # t_ns: at most now
         if self.cfg.skip_stale_hops and before is not None and first - before > gap_ns:
             self._gap = (before, first, channel)
@@ -399,7 +398,7 @@ class Intake:
         if self.next_end_tick is None:  # first window ends one full window after the first sample
             first = (min(t_first_ns, t_ns) // period) * period
             self.next_end_tick = first + (self.cfg.window_len - 1) * period
-        if self.stream_ns >= self.next_end_tick + self.resampler.max_staleness_ns:
+        if stream >= self.next_end_tick + self.resampler.max_staleness_ns:
             self._on_due()
 
     def due_end_tick(self) -> int | None:
