@@ -101,6 +101,9 @@ def _page(
     vmax = max(vmax, 0.2)
 
     instants = _instants(hops, at, t0, notes)
+    if "t_start" not in info:  # a recording (outputs.record) has no replay.json: the facts its rows give
+        info = {"log": "a recording", "log_kind": "outputs.record", "channels": channels, "t_start": t0,
+                "t_end": hops[-1] / 1e9} | info  # fmt: skip
     parts = [_header(info, d, len(hops), len(events), len(pairs))]
     parts.append("<h2>Matrix at chosen instants</h2><div class='row'>")
     for tk in instants:
@@ -180,6 +183,7 @@ def _header(info: dict[str, Any], d: Path, n_hops: int, n_events: int, n_pairs: 
             ("evaluated", f"{n_hops} hops, {n_pairs} pairs, {n_events} events"),
             ("replay", speed + ("; stopped early (Ctrl-C)" if info.get("interrupted") else "")),
             ("output", str(d))]  # fmt: skip
+    rows = [(k, v) for k, v in rows if "?" not in v or k in ("log", "output")]  # settings a recording does not keep
     cells = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     return f"<h1>streamcorr replay report</h1><table class='info'>{cells}</table>"
 

@@ -240,3 +240,18 @@ def test_hops_not_evaluated_break_the_mi_lines_and_the_dependent_band(tmp_path):
     lines = [len(re.findall("<polyline", f)) for f in figures]
     bands = [len(re.findall("class='dep'", f)) for f in figures]
     assert lines[:2] == [2, 3] and bands[:2] == [2, 3], (lines, bands)  # the gap; the gap and the held hops
+
+
+def test_a_recording_gets_a_header_from_its_rows(tmp_path):
+    """A recording's directory (outputs.record: rotated timeline and event files, no replay.json) gets a header
+    with its channel count, span and start from its rows, and no unknown settings shown as '?'."""
+    rng = np.random.default_rng(54)
+    names = _replay_output(tmp_path / "rec", rng)
+    d = tmp_path / "rec"
+    (d / "timeline.parquet").rename(d / "timeline-20261130T000000Z-000001.parquet")
+    (d / "events.parquet").rename(d / "events-20261130T000000Z-000001.parquet")
+    (d / "replay.json").unlink()
+    write_report(d, tmp_path / "r.html")
+    header = re.findall(r"<table class='info'>.*?</table>", (tmp_path / "r.html").read_text())[0]
+    assert "a recording (outputs.record)" in header and f"<td>{len(names)}</td>" in header
+    assert "?" not in header and "from t = 1700000010.000" in header
