@@ -31,7 +31,7 @@ from .device import resolve_device, tune_allocator
 from .fused import fused_network
 from .model import InfoNet, dv_readout
 from .refine import REFINE_FROM_NATS, chain_histograms, chain_mi, refine_slabs, refine_weight
-from .salts import identical_rows, pair_ranks
+from .salts import identical_rows, oriented, pair_ranks
 from .significance import prewhiten
 from .tensor_path import MAX_TRAINED_WINDOW, TensorPath, device_batch_size, trained_counts
 from .weights import DEFAULT_TIES, load_model
@@ -166,8 +166,9 @@ class Estimator:
             raise InputError(msg)
 
     # -- histograms -----------------------------------------------------------------
-    def _histograms(self, xa: np.ndarray, ya: np.ndarray) -> Ranked:
-        """Rank pair histograms of rows of (P, T) arrays (hist, mx, my, constant mask), and the ranks."""
+    def _histograms(self, xa: np.ndarray, ya: np.ndarray, orient: bool = True) -> Ranked:
+        """Rank pair histograms of rows of (P, T) arrays (hist, mx, my, constant mask), and the ranks [x; y] (each pair
+        oriented by ``salts.oriented``, unless ``orient`` is False: a table keeps the caller's axes)."""
         finite = np.isfinite(xa) & np.isfinite(ya)
         if not finite.all():
             if self.nonfinite == "raise":
@@ -179,6 +180,8 @@ class Estimator:
         u = pair_ranks(xa, ya, self.ties)
         p = xa.shape[0]
         idx = np.arange(p)
+        if orient:
+            u = u[np.concatenate(oriented(u, idx, idx + p))]
         hist = pair_histograms(u, u, self.grid, idx, idx + p)
         marg = marginal_histograms(u, self.grid)
         return (hist, marg[:p], marg[p:], constant), u
@@ -197,6 +200,7 @@ class Estimator:
 
     def _histograms_row(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
         u = pair_ranks(x[None], y[None], self.ties)
+        u = u[np.concatenate(oriented(u, np.zeros(1, np.int64), np.ones(1, np.int64)))]
         marg = marginal_histograms(u, self.grid)
         constant = bool(x.min() == x.max() or y.min() == y.max())
         return pair_histograms(u[:1], u[1:], self.grid)[0], marg[0], marg[1], constant
@@ -271,8 +275,7 @@ class Estimator:
         u = np.ascontiguousarray(u, dtype=np.float64)
         if u.ndim != 2:
             raise InputError(f"u must be 2-D (C, T); got shape {u.shape}")
-        iu = np.ascontiguousarray(iu, dtype=np.int64)
-        iv = np.ascontiguousarray(iv, dtype=np.int64)
+        iu, iv = oriented(u, np.asarray(iu, dtype=np.int64), np.asarray(iv, dtype=np.int64))
         if self.device.type == "cuda":
             if self._tensor_path is None:  # a GPU wants large batches whatever the CPU setting: size to its memory
                 batch = device_batch_size(self.device, self.grid, 65536, fused=self._fused is not None)
@@ -355,7 +358,7 @@ class Estimator:
         xa, ya = _as_array(x, "x"), _as_array(y, "y")
         if xa.ndim != 1 or xa.shape != ya.shape:
             raise InputError(f"x and y must be 1-D of equal length; got shapes {xa.shape} and {ya.shape}")
-        (hist, mx, my, _), _ = self._histograms(xa[None], ya[None])
+        (hist, mx, my, _), _ = self._histograms(xa[None], ya[None], orient=False)
         _, tab = self._run(hist, mx, my, tables=True)
         return tab[0], np.linspace(0.0, 1.0, self.grid)
 

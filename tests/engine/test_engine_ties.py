@@ -115,10 +115,9 @@ def test_a_quantised_reading_in_two_units_reads_its_entropy_not_a_copy():
 
 def test_the_matrix_does_not_depend_on_the_channels_order():
     """Quantised channels on the clock (shared ranks, each salted by its channel's name) and one at 20 Hz (its pairs
-    on their own rows): the same samples with the channels listed in reverse give the same MI in every cell; to
-    the last bit on own rows (each pair read in one orientation), within 0.01 nats on shared ranks (there a
-    pair's orientation follows the channels' order, and the network reads a transpose a little differently),
-    where a jitter that followed the order moved quantised pairs by up to 0.28."""
+    on their own rows): the same samples with the channels listed in reverse give the same MI in every cell, to
+    the last bit (each pair is read in one orientation; a jitter that followed the order moved quantised pairs by
+    up to 0.28 nats, the orientation by up to 0.04)."""
     rng = np.random.default_rng(43)
     n = 40 * 50  # 40 s at 50 Hz
     x = np.cumsum(rng.standard_normal(n)) * 0.2
@@ -143,7 +142,5 @@ def test_the_matrix_does_not_depend_on_the_channels_order():
 
     order = sorted(streams)
     first, second = matrix(order), matrix(order[::-1])
-    assert first.keys() == second.keys()
-    assert all(abs(first[k] - second[k]) < 0.01 for k in first), (first, second)
-    assert all(first[k] == second[k] for k in first if "e.slow" in k), (first, second)
+    assert first == second
     assert first[("a.q", "b.q2")] > 0.5 and np.isfinite(list(first.values())).all()
