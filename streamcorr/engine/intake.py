@@ -87,7 +87,7 @@ class Channel:
         if self.ranks_end_tick is not None and 0 < (end_tick - self.ranks_end_tick) // period_ns < n:
             h = (end_tick - self.ranks_end_tick) // period_ns
             u = self.ranks.update(values[None, -h:])[0]
-        else:  # the estimator's tie policy, so the shared ranks equal Estimator.matrix's on the same window
+        else:  # the estimator's tie policy; the jitter salted by the channel's name (any source, any channel order)
             self.ranks = SlidingRanks(1, n, ties=ties, salts=np.array([name_salt(self.name)], dtype=np.uint64))
             u = self.ranks.update(values[None, :])[0]
         self.ranks_end_tick = end_tick
