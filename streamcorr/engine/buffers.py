@@ -35,7 +35,9 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["ChannelCounters", "Resampler", "RingBuffer"]
+__all__ = ["PHASE_BINS", "ChannelCounters", "Resampler", "RingBuffer"]
+
+PHASE_BINS = 32  # the period's bins in which the ticks' boundary is placed (Resampler.place)
 
 
 @dataclass
@@ -223,6 +225,50 @@ class Resampler:
         # each sample belongs to its nearest tick: a device on the clock's rate whose stamps sit a little after the
         # ticks (an offset, jitter, float seconds) must not wobble between two ticks, repeating and skipping rows
         self.tolerance_ns = max(0, (self.period_ns - 1) // 2)
+
+    def place(self, buffers: list[RingBuffer], end_ns: int, n: int) -> bool:
+        """Move the ticks' boundary (tick k shows samples up to k x period + ``tolerance_ns``) into the widest
+        stretch of the period that no channel's stamps in the window fall on (the fewest, where every bin has
+        some); True when it moved. A boundary among a channel's stamps makes its jitter wobble samples between
+        two ticks (a sample skipped, the one before repeated), and splits channels stamped a moment apart onto
+        neighbouring ticks: read against the next sample, a relation of white signals vanishes."""
+        period, bins = self.period_ns, PHASE_BINS
+        if self.max_staleness_ns < period // 2 or period < bins:  # a boundary before the tick needs the staleness
+            return False
+        hi = (end_ns // period) * period + period // 2  # the window's stamps only: the same live and replayed
+        lo = hi - (n + 1) * period
+        score = np.zeros(bins)
+        for b in buffers:
+            t = b.times()
+            t = t[(t > lo) & (t <= hi)]
+            if 0 < len(t) <= n + n // 16:  # each channel's share of its stamps in each bin of the period (a channel
+                # faster than the clock shows one of several samples at each tick wherever the boundary is)
+                score += np.bincount((t % period) * bins // period, minlength=bins)[:bins] / len(t)
+        if not score.any():
+            return False
+        near = score + np.roll(score, 1) + np.roll(score, -1)  # a bin beside stamps is no place for the boundary
+        low = near <= near.min() + 1e-3
+        current = (self.tolerance_ns % period) * bins // period
+        if near[current] <= near.min() + 0.02:  # within 2% of one channel's stamps of the best: a jittery
+            return False  # channel's stamps everywhere would move it every window, restarting every channel's ranks
+        start = int(np.argmin(low))  # a bin above the minimum: runs of low bins do not wrap past it
+        runs, k = [], 0
+        order = (start + np.arange(bins)) % bins
+        while k < bins:
+            if low[order[k]]:
+                j = k
+                while j < bins and low[order[j]]:
+                    j += 1
+                runs.append((j - k, k))
+                k = j
+            else:
+                k += 1
+        width, first = max(runs)
+        phase = int((start + first + width / 2) * period / bins) % period  # the widest run's middle, ns
+        tolerance = phase if phase <= period // 2 else phase - period  # never more than half a period after a tick
+        moved = tolerance != self.tolerance_ns
+        self.tolerance_ns = int(tolerance)
+        return moved
 
     def ticks(self, end_ns: int, n: int) -> np.ndarray:
         """The n clock ticks ending at the last tick at or before end_ns (ascending)."""

@@ -13,16 +13,14 @@ What one sender can do is bounded (the engine is the door for library users too)
   and counted (``future``); and stream time never moves past the receive clock, so a sample a little ahead on one
   channel cannot end windows early for the others;
 * a channel name must follow the rule of :mod:`streamcorr.names` (``bad_name``);
-* at most ``max_channels`` channels exist (the configured ones first, always);
-  samples for further new names are refused and counted (``channel_limit``), and
-  new channels join the matrix once per hop, in one step; auto-added channels silent
-  for ``retire_after_s`` leave it the same way, so churn cannot grow memory or hops
+* at most ``max_channels`` channels exist (the configured ones first, always); samples for further new names are
+  refused and counted (``channel_limit``), and new channels join the matrix once per hop, in one step; auto-added
+  channels silent for ``retire_after_s`` leave it the same way, so churn cannot grow memory or hops
   (:mod:`streamcorr.engine.intake`, which also re-anchors a channel whose clock stepped);
 * pairs among configured channels are evaluated every hop (within ``max_pairs_per_hop``); pairs involving
   auto-added channels get at most ``auto_pairs_per_hop`` per hop, stalest first, so many new names cannot starve
   the configured ones;
-* ``stop(timeout_s)`` returns within about ``timeout_s``: a hop in progress ends
-  at its next model batch.
+* ``stop(timeout_s)`` returns within about ``timeout_s``: a hop in progress ends at its next model batch.
 """
 
 from __future__ import annotations
@@ -105,9 +103,8 @@ class Engine:
         self.intake = Intake(config, self.counters, on_due=self._due)  # buffers, admission, stream clock
         self.resampler = self.intake.resampler
         self.calibration = self._null(config.window_len)
-        self.detector = ChangeDetector(
-            self.calibration, self._alpha(1), config.min_effect, config.delta, config.persist, config.rel_delta
-        )
+        self.detector = ChangeDetector(self.calibration, self._alpha(1), config.min_effect, config.delta,
+                                       config.persist, config.rel_delta)  # fmt: skip
         self.fast: FastPath | None = None
         if config.fast:
             self.fast = FastPath(self.est, self.detector, self._null, window_len=config.window_len,
@@ -249,6 +246,9 @@ class Engine:
     def _align(self, hop: Hop) -> None:
         self._sync_channels(hop.end_tick)
         chans = [self.intake.channels[name] for name in self.state.channels]
+        if self.resampler.place([c.buffer for c in chans], hop.end_tick, self.cfg.window_len):
+            for c in chans:  # every window value may have moved a tick: the sliding ranks start again
+                c.ranks_end_tick = None
         raw, fresh = self.resampler.window_fresh([c.buffer for c in chans], hop.end_tick, self.cfg.window_len)  # (C, N)
         hop.valid = np.isfinite(raw)
         hop.fresh = hop.valid if self.cfg.repeated_rows == "keep" else fresh

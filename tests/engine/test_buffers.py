@@ -130,6 +130,25 @@ def test_a_device_on_the_clock_keeps_its_ticks_under_offset_and_jitter(offset_ns
     assert fresh.all()
 
 
+@pytest.mark.parametrize("phase", [0.5, 0.45, 0.62])
+def test_the_boundary_moves_off_stamps_that_sit_half_a_tick_off(phase):
+    """A device about half a period off the ticks with jitter, and a second stamped 0.4 ms after it: with the
+    boundary placed (Resampler.place), every tick holds one sample of each, the two read on the same tick, and the
+    boundary stays while the stamps stay."""
+    rng = np.random.default_rng(int(phase * 100))
+    rs = Resampler(rate_hz=100.0, max_staleness_s=0.05)
+    a, b = RingBuffer(512), RingBuffer(512)
+    k = np.arange(400)
+    t = 1_732_700_000_000_000_000 + ((k + phase) * 10_000_000).astype(np.int64) + rng.integers(-3e5, 3e5, k.size)
+    a.push_many(t, k.astype(float))
+    b.push_many(t + 400_000, k.astype(float))
+    end = 1_732_700_000_000_000_000 + 400 * 10_000_000
+    assert rs.place([a, b], end, 300) == (phase < 0.55)  # at 0.62 the stamps leave the default boundary clear
+    values, fresh = rs.window_fresh([a, b], end_ns=end, n=300)
+    assert fresh.all() and np.array_equal(values[0], values[1]) and (np.diff(values[0]) == 1).all()
+    assert not rs.place([a, b], end, 300) and not rs.place([a, b], end - 50 * 10_000_000, 300)
+
+
 def test_fresh_marks_ticks_that_repeat_a_sample():
     """A channel at a fifth of the clock's rate is fresh once every five ticks; a missing one is never fresh."""
     rs = Resampler(rate_hz=100.0, max_staleness_s=0.06)

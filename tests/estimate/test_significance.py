@@ -89,6 +89,33 @@ def test_stamps_off_the_clock_give_the_exact_grid_result(stamp):
     assert len(diffs) > 10 and np.quantile(diffs, 0.95) <= 0.02, diffs
 
 
+@pytest.mark.parametrize(("periods", "phase"), [((1, 1), 0.5), ((1, 2), 0.4999), ((2, 5), 0.47), ((1, 2), 0.93)])
+def test_a_dependent_pair_reads_the_same_wherever_its_stamps_sit_between_ticks(periods, phase):
+    """A white driver and a follower stamped 0.4 ms after the driver's sample it reads (rates 1:1, 1:2, 2:5 of the
+    clock): every stamp moved by the same fraction of a tick (half a tick included), with 0.1 ms jitter, gives
+    the exact grid's MI on every hop. A boundary between ticks among the stamps would read the follower against
+    the driver's next sample, and the relation would vanish."""
+    rng = np.random.default_rng(int(phase * 1e4) + sum(periods))
+    n = 2000
+    x = rng.standard_normal(n)
+    ticks = {name: np.arange(0, n, p) for name, p in zip("xy", periods, strict=True)}
+    held = np.maximum.accumulate(np.where(np.arange(n) % periods[0] == 0, np.arange(n), 0))  # driver's newest
+    y = np.sin(2 * x[held[ticks["y"]]]) + 0.3 * rng.standard_normal(len(ticks["y"]))
+    values = {"x": x[ticks["x"]], "y": y}
+    late = {"x": 0.0, "y": 4e-4}
+    moved = _replay({c: (T0 + (ticks[c] + phase) / 100.0 + late[c] + rng.uniform(-1e-4, 1e-4, len(ticks[c])),
+                         values[c]) for c in "xy"})  # fmt: skip
+    b = np.array([s.mi[0, 1] for s, _ in moved[1:]])
+    p95 = []
+    for on in (0, 1):  # a stamp between two ticks belongs to either: the exact grid on the tick before and after
+        exact = _replay({c: (T0 + (ticks[c] + on) / 100.0, values[c]) for c in "xy"})
+        a = np.array([s.mi[0, 1] for s, _ in exact[1:]])
+        assert len(a) > 10 and np.nanmedian(a) > 0.4, a
+        m = min(len(a), len(b))
+        p95.append(np.nanquantile(np.abs(a[:m] - b[:m]), 0.95))
+    assert min(p95) <= 0.02, (p95, b)
+
+
 @pytest.mark.parametrize("periods", [(2, 2), (1, 2), (2, 5), (5, 5)])
 def test_channels_slower_than_the_clock_show_no_dependence(periods):
     """Independent channels at 1/p of the clock's rate, sharing a device's stamps where their rates match, read
