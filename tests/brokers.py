@@ -187,13 +187,13 @@ def hostile_corpus(
         return [dev, msgpack.packb({1: 1.0, "t": 5.0})], {"key": 1}, 0, 0, 0
 
     def top_array() -> Any:
-        return [dev, b"[1, 2, 3]"], {"decode": 1}, 0, 0, 0
+        return [dev, b"[1, 2, 3]"], {"schema": 1}, 0, 0, 0
 
     def top_msgpack_array() -> Any:
         return [dev, msgpack.packb([1.0, 2.0])], {"schema": 1}, 0, 0, 0
 
     def top_bool() -> Any:
-        return [dev, b"true"], {"decode": 1}, 0, 0, 0
+        return [dev, b"true"], {"schema": 1}, 0, 0, 0
 
     def empty() -> Any:
         return [dev, b""], {"empty": 1}, 0, 0, 0

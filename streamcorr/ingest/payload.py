@@ -7,7 +7,10 @@ Wire formats
 ------------
 A payload is UTF-8 JSON, msgpack, or a bare number. With ``format="auto"`` (the default) the first byte
 decides: ``{`` (after optional whitespace) is JSON; a msgpack map header (0x80-0x8f, 0xde, 0xdf) is msgpack;
-anything else is tried as an ASCII number, then as msgpack. Three shapes are understood:
+anything else is tried as an ASCII number, then, if it is ASCII text, as JSON (an array, a string or a
+status word is counted, not read), else as msgpack. msgpack's only ASCII payloads are one-byte integers, so
+a bare msgpack integer from 32 to 127 (a printable character, say ``K`` for 75) is read as text and dropped:
+send such a value in a map, or as a float. Three shapes are understood:
 
 1. **Bare number** -- ``23.5`` (ASCII text, or a JSON or msgpack number). One sample, key ``value``, stamped
    with the arrival time.
@@ -68,23 +71,20 @@ all its samples).
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import string
 from collections.abc import Iterable
 from typing import Any
 
-import msgpack
 import numpy as np
-import orjson
 from pydantic import ValidationError
 
 from ..config import Payload, echo
 from ..errors import ConfigError
 from ..names import MAX_NAME_BYTES, check_max_name_bytes, name_problem
 from .source import Batch, Gather, IngestCounters, RateLimitedLog
-from .values import array_len, is_number, sample_array, sample_value, time_scalar
+from .values import array_len, is_number, parse, sample_array, sample_value, time_scalar
 
 __all__ = ["Batch", "PayloadDecoder"]
 
@@ -92,7 +92,6 @@ log = logging.getLogger("streamcorr.ingest.payload")
 
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 MAX_ABS_T_S = 9e9  # the engine refuses |t| > 9e18 ns (int64 nanoseconds end at 9.22e18)
-_MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 _FIELD = re.compile(r"^(?:key|topic(?:\[-?\d+\])?)$")
 _MISSING = object()
 _CACHE_MAX = 65_536  # entries per cache (names, seq numbers); cleared when full
@@ -242,26 +241,7 @@ class PayloadDecoder:
 
     # -- parsing ----------------------------------------------------------------------------------
     def _parse(self, payload: bytes) -> Any:
-        fmt = self.format
-        if fmt == "auto":
-            first = payload[:64].lstrip()[:1]  # a peek, not a copy of the whole payload
-            if first == b"{":
-                fmt = "json"
-            elif payload[0] in _MSGPACK_MAP:
-                fmt = "msgpack"
-            else:
-                try:
-                    return float(payload.decode("ascii"))
-                except (UnicodeDecodeError, ValueError):
-                    fmt = "msgpack"
-        if fmt == "json":
-            try:  # orjson: about 7x the stdlib on a reading's few fields
-                return orjson.loads(payload)
-            except orjson.JSONDecodeError:  # what orjson refuses (NaN literals, huge integers) the stdlib reads
-                return json.loads(payload)
-        if fmt == "msgpack":
-            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
-        return float(payload.decode("ascii"))
+        return parse(payload, self.format)
 
     def _undecodable(self, payload: bytes, exc: Exception) -> str:
         """What a user can act on: the formats tried and how the payload starts (not msgpack's ExtraData)."""

@@ -1,4 +1,5 @@
-"""Payload values -> float64: which decoded JSON / msgpack values count as numbers, and why the others do not.
+"""Payload bytes -> objects (``parse``), and values -> float64: which decoded JSON / msgpack values count as
+numbers, and why the others do not.
 
 A sample is a float or an int (bool is an int subclass and is not a sample); ``None`` (JSON's ``null``) reads as
 NaN; an int beyond float64 is the drop reason ``range``, anything else ``type``. An array is a list of such values
@@ -10,11 +11,43 @@ or bytes of little-endian float64 (8 bytes per element).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import msgpack
 import numpy as np
+import orjson
 
-__all__ = ["array_len", "is_number", "sample_array", "sample_value", "time_scalar"]
+__all__ = ["array_len", "is_number", "parse", "sample_array", "sample_value", "time_scalar"]
+
+_MSGPACK_MAP = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
+_SPACE = (b"\t", b"\n", b"\r")  # one-byte payloads read as (empty) text, not as msgpack integers
+
+
+def parse(payload: bytes, fmt: str) -> Any:
+    """A payload's object in format fmt ("auto": the rules of streamcorr.ingest.payload's docstring); raises on
+    bytes not valid in it."""
+    if fmt == "auto":
+        first = payload[:64].lstrip()[:1]  # a peek, not a copy of the whole payload
+        if first == b"{":
+            fmt = "json"
+        elif payload[0] in _MSGPACK_MAP:
+            fmt = "msgpack"
+        else:
+            try:
+                return float(payload.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):  # ASCII text is JSON: msgpack's only ASCII payloads are
+                # one-byte integers, and one that is a printable character reads as the text it is
+                text = payload.isascii() and (len(payload) > 1 or payload[0] >= 0x20 or payload in _SPACE)
+                fmt = "json" if text else "msgpack"
+    if fmt == "json":
+        try:  # orjson: about 7x the stdlib on a reading's few fields
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:  # what orjson refuses (NaN literals, huge integers) the stdlib reads
+            return json.loads(payload)
+    if fmt == "msgpack":
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    return float(payload.decode("ascii"))
 
 
 def is_number(x: Any) -> bool:

@@ -187,7 +187,7 @@ def test_ledger_per_reason():
         (b"x" * 1001, {"oversize": 1}, 0),
         (b'{"t": 1,', {"decode": 1}, 0),
         (b"\xc1\x00", {"decode": 1}, 0),
-        (b"[1, 2]", {"decode": 1}, 0),
+        (b"[1, 2]", {"schema": 1}, 0),
         (msgpack.packb([1, 2]), {"schema": 1}, 0),
         (msgpack.packb(True), {"schema": 1}, 0),
         (b'{"t": 1, "a": "x", "b": true, "c": [1], "d": {}, "e": 1}', {"type": 4}, 1),
@@ -224,6 +224,20 @@ def test_format_forced():
     dec = PayloadDecoder(format="number")
     assert dec.decode("s", b'{"a": 1.0}', 0.0) == [] and dec.counters.drops == {"decode": 1}
     assert len(PayloadDecoder(format="json").decode("s", b"  2.5", 0.0)) == 1
+
+
+def test_ascii_text_that_is_not_a_number_is_counted_not_read_as_msgpack():
+    """A status letter or word, a JSON array or string: counted (decode or schema), never a sample; msgpack
+    numbers outside the printable bytes still read, and format: msgpack reads any."""
+    dec = PayloadDecoder()
+    for text in (b"K", b"x", b"[", b"~", b"OK", b"\n"):
+        assert dec.decode("s/d", text, 0.0) == [], text
+    assert dec.counters.drops == {"decode": 6}
+    for text in (b"[1, 2, 3]", b'"idle"', b"true"):
+        assert dec.decode("s/d", text, 0.0) == [], text
+    assert dec.counters.drops == {"decode": 6, "schema": 3}
+    assert [decoded(dec, "s", msgpack.packb(v))["s/value"][1] for v in (5, 300, -3, 2.5)] == [[5], [300], [-3], [2.5]]
+    assert decoded(PayloadDecoder(format="msgpack"), "s", msgpack.packb(75)) == {"s/value": ([50.0], [75.0])}
 
 
 def test_sequence_gaps_and_resets():
