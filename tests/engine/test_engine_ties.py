@@ -116,8 +116,9 @@ def test_a_quantised_reading_in_two_units_reads_its_entropy_not_a_copy():
 def test_the_matrix_does_not_depend_on_the_channels_order():
     """Quantised channels on the clock (shared ranks, each salted by its channel's name) and one at 20 Hz (its pairs
     on their own rows): the same samples with the channels listed in reverse give the same MI in every cell, to
-    the last bit (each pair is read in one orientation; a jitter that followed the order moved quantised pairs by
-    up to 0.28 nats, the orientation by up to 0.04)."""
+    float32 rounding (each pair is read in one orientation; a jitter that followed the order moved quantised pairs
+    by up to 0.28 nats, the orientation by up to 0.04; the network's batches hold the pairs in another order, and
+    torch's CPU kernels may round a row differently in another batch)."""
     rng = np.random.default_rng(43)
     n = 40 * 50  # 40 s at 50 Hz
     x = np.cumsum(rng.standard_normal(n)) * 0.2
@@ -142,5 +143,6 @@ def test_the_matrix_does_not_depend_on_the_channels_order():
 
     order = sorted(streams)
     first, second = matrix(order), matrix(order[::-1])
-    assert first == second
+    assert first.keys() == second.keys()
+    np.testing.assert_allclose(list(first.values()), [second[k] for k in first], rtol=1e-5, atol=1e-6)
     assert first[("a.q", "b.q2")] > 0.5 and np.isfinite(list(first.values())).all()
