@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -50,10 +51,16 @@ def _smooth(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
 DESCRIBED: dict[str, str] = {}  # channel -> "rate Hz kind", pair key -> relation (filled by recording())
 
 
+SIGNALS: dict[frozenset[str], tuple[str, np.ndarray]] = {}  # dependent pair -> its follower, the noiseless part
+NOISE = 0.3  # the followers' noise: sd, in units of their normalised relation
+
+
 def recording(rng: np.random.Generator, channels: int, seconds: float) -> tuple[dict[str, Any], set[frozenset[str]]]:
-    """{name: (t seconds, values)} and the set of truly dependent pairs (DESCRIBED names their kinds)."""
+    """{name: (t seconds, values)} and the set of truly dependent pairs (DESCRIBED names their kinds, SIGNALS
+    their followers' noiseless parts)."""
     frames: dict[str, Any] = {}
     DESCRIBED.clear()
+    SIGNALS.clear()
     dependent: set[frozenset[str]] = set()
     rates = (100.0, 50.0, 20.0)
     kinds = ("ar", "oscillating", "walk", "white", "quantised")
@@ -80,11 +87,30 @@ def recording(rng: np.random.Generator, channels: int, seconds: float) -> tuple[
         x = np.interp(t_dst, *frames[src])
         rel = RELATIONS[(k // 4) % len(RELATIONS)]
         y = {"linear": x, "square": x**2, "abs": np.abs(x), "tanh": np.tanh(2 * x), "quantised": np.round(x)}[rel]
-        y = (y - y.mean()) / (y.std() + 1e-12) + 0.3 * rng.standard_normal(len(y))
-        frames[dst] = (t_dst, y)
+        clean = (y - y.mean()) / (y.std() + 1e-12)
+        frames[dst] = (t_dst, clean + NOISE * rng.standard_normal(len(y)))
         dependent.add(frozenset((src, dst)))
+        SIGNALS[frozenset((src, dst))] = (dst, clean)
         DESCRIBED[f"{src} -> {dst}"] = f"{DESCRIBED[src]} -> {DESCRIBED[dst].split(' Hz')[0]} Hz: {rel}"
     return frames, dependent
+
+
+LOCAL_BINS = (0.05, 0.2)  # nats: the per-hop recall is also reported in bins of the window's own MI
+
+
+def local_mi(signal: np.ndarray, noise: float = NOISE) -> float:
+    """The MI a window's samples carry between a follower y = s + noise and its driver: h(s + noise) - h(noise),
+    with s distributed as the window's noiseless values (y depends on the driver only through s). A drifting
+    driver that stays where its relation is flat carries little, however dependent the pair is overall."""
+    if len(signal) < 2:
+        return math.nan
+    dy = noise / 10
+    lo, hi = float(signal.min()) - 6 * noise, float(signal.max()) + 6 * noise
+    counts, _ = np.histogram(signal, bins=max(1, int((hi - lo) / dy)), range=(lo, hi))
+    k = np.arange(-60, 61) * dy
+    p = np.convolve(counts / len(signal), np.exp(-0.5 * (k / noise) ** 2) / (noise * math.sqrt(2 * math.pi)), "same")
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum() * dy - 0.5 * math.log(2 * math.pi * math.e * noise * noise))
 
 
 def replay(frames: dict[str, Any], dependent: set[frozenset[str]], window: int, **cfg: Any) -> dict[str, float]:
@@ -96,7 +122,10 @@ def replay(frames: dict[str, Any], dependent: set[frozenset[str]], window: int, 
     ind_hops = ind_flag = dep_hops = dep_flag = 0
     chance = 0
     hop_s: list[float] = []
-    per_pair: dict[frozenset[str], list[float]] = {p: [0, 0, 0.0] for p in dependent}  # hops, flagged, sum n_eff
+    per_pair: dict[frozenset[str], list[float]] = {p: [0, 0, 0.0, 0, 0] for p in dependent}
+    # ^ hops, flagged, sum n_eff, hops whose window carries >= LOCAL_BINS[-1] nats, flagged of those
+    by_local = np.zeros((len(LOCAL_BINS) + 1, 2), dtype=np.int64)  # per bin of the window's own MI: hops, flagged
+    span_s = window / 100.0
     first = T0 + window / 100.0 + 2.0
     for lo in np.arange(T0, end + 1.0, 1.0):
         for name, (t, v) in frames.items():
@@ -120,6 +149,15 @@ def replay(frames: dict[str, Any], dependent: set[frozenset[str]], window: int, 
                     acc[0] += 1
                     acc[1] += bool(flagged[k])
                     acc[2] += float(snap.n_eff[i[k], j[k]]) if snap.n_eff is not None else math.nan
+                    pair = frozenset((snap.channels[i[k]], snap.channels[j[k]]))
+                    follower, clean = SIGNALS[pair]
+                    t_f = frames[follower][0]
+                    within = (t_f > e / 1e9 - span_s) & (t_f <= e / 1e9)
+                    b = int(np.searchsorted(LOCAL_BINS, local_mi(clean[within]), side="right"))
+                    by_local[b] += (1, bool(flagged[k]))
+                    if b == len(LOCAL_BINS):
+                        acc[3] += 1
+                        acc[4] += bool(flagged[k])
             ind_hops += int((~truth & assessed).sum())
             ind_flag += int((~truth & assessed & flagged).sum())
             chance += sum(1 for ev in events if ev.kind == "became-dependent" and frozenset(ev.pair) not in dependent)
@@ -132,12 +170,28 @@ def replay(frames: dict[str, Any], dependent: set[frozenset[str]], window: int, 
         "dependent_flagged": dep_flag / max(1, dep_hops),
         "hop_s_median": float(np.median(hop_s)),
         "hops": len(hop_s),
+        "by_local_mi": [
+            {"bin": b, "hops": int(h), "flagged": int(f) / max(1, int(h))}
+            for b, (h, f) in zip(_bin_labels(), by_local.tolist(), strict=True)
+        ],
         "dependent_pairs": [
-            {"pair": key, "process": DESCRIBED[key], "flagged": f / max(1, h), "n_eff_mean": ne / max(1, h)}
+            {
+                "pair": key,
+                "process": DESCRIBED[key],
+                "flagged": f / max(1, h),
+                "n_eff_mean": ne / max(1, h),
+                "locally_strong": hs / max(1, h),
+                "flagged_locally_strong": fs / max(1, hs),
+            }
             for key in sorted(k for k in DESCRIBED if " -> " in k)
-            for h, f, ne in [per_pair[frozenset(key.split(" -> "))]]
+            for h, f, ne, hs, fs in [per_pair[frozenset(key.split(" -> "))]]
         ],
     }
+
+
+def _bin_labels() -> list[str]:
+    edges = [f"{b:g}" for b in LOCAL_BINS]
+    return [f"< {edges[0]}"] + [f"{a}-{b}" for a, b in pairwise(edges)] + [f">= {edges[-1]}"]
 
 
 def _pairs(names: list[str]) -> list[tuple[str, str]]:
@@ -182,11 +236,22 @@ def main(argv: list[str] | None = None) -> int:
         f"({r['chance_events']}) | {r['dependent_flagged']:.1%} | {r['hop_s_median']:.3f} |\n"
         for r in rows
     )
+    strong = f">= {LOCAL_BINS[-1]:g}"
+    table += ("\nDependent pair-hops flagged, by the MI the window's own samples carry (``local_mi``: from the "
+              "recording's noiseless relation; a drifting driver that stays where its relation is flat carries "
+              "little):\n\n| setting | seed | " + " | ".join(f"{b} nats" for b in _bin_labels()) + " |\n|---|---|"
+              + "---|" * (len(LOCAL_BINS) + 1) + "\n")  # fmt: skip
+    table += "".join(
+        f"| {r['setting']} | {r['seed']} | "
+        + " | ".join(f"{b['flagged']:.1%} of {b['hops']}" for b in r["by_local_mi"]) + " |\n"
+        for r in rows if not r["setting"].startswith("before")
+    )  # fmt: skip
     table += "\nPer truly dependent pair (driver's rate and process -> follower's rate: relation):\n\n"
-    table += "| setting | seed | pair | process | dependent hops flagged | mean n_eff |\n|---|---|---|---|---|---|\n"
+    table += (f"| setting | seed | pair | process | dependent hops flagged | mean n_eff | hops whose window carries "
+              f"{strong} nats | flagged of those |\n|---|---|---|---|---|---|---|---|\n")  # fmt: skip
     table += "".join(
         f"| {r['setting']} | {r['seed']} | {p['pair']} | {p['process']} | {p['flagged']:.1%} "
-        f"| {p['n_eff_mean']:.0f} |\n"
+        f"| {p['n_eff_mean']:.0f} | {p['locally_strong']:.1%} | {p['flagged_locally_strong']:.1%} |\n"
         for r in rows if not r["setting"].startswith("before") for p in r["dependent_pairs"]
     )  # fmt: skip
     info = {"args": vars(args), "rows": rows, "env": environment()}

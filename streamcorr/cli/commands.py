@@ -95,6 +95,9 @@ def _estimate(args: argparse.Namespace) -> int:
         if args.rate_hz is not None:
             print("note: --rate-hz is used only with --max-lag-s", file=sys.stderr)
         print(f"{Estimator().estimate(x[keep], y[keep]):.4f}")
+        from .lag import smooth_note
+
+        smooth_note(x[keep], y[keep])
         return 0
     from .lag import print_lag_curve
 

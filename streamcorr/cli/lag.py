@@ -1,4 +1,5 @@
-"""`streamcorr estimate data.csv x y --max-lag-s S`: one pair's MI against lag and its best lag."""
+"""`streamcorr estimate data.csv x y`: the note on smooth series, and with ``--max-lag-s S`` one pair's MI against lag
+and its best lag."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["print_lag_curve"]
+__all__ = ["print_lag_curve", "smooth_note"]
+
+
+def smooth_note(x: np.ndarray, y: np.ndarray) -> None:
+    """On stderr, where the rows hold far fewer independent samples than rows (smooth series): a value is not a
+    verdict there, since independent smooth series read well above 0."""
+    from ..estimate.significance import WHITE_FROM, autocorrelation, pair_n_eff, rank_rows
+
+    acf = autocorrelation(rank_rows(np.stack([x, y])))
+    n_eff = float(pair_n_eff(acf[:1], acf[1:], len(x))[0])
+    if n_eff < WHITE_FROM * len(x):
+        print(f"note: the rows hold about {n_eff:.0f} independent samples of {len(x)} (smooth series), and two "
+              "independent series that smooth can read this high: `streamcorr replay` judges a pair against the "
+              "null at its effective size (docs/real-sensors.md)", file=sys.stderr)  # fmt: skip
 
 
 def print_lag_curve(args: argparse.Namespace, stamps: np.ndarray | None, x: np.ndarray, y: np.ndarray) -> int:

@@ -59,7 +59,7 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--no-progress", action="store_true", help="no progress bar")
     rp.set_defaults(func=_replay)
     rep = sub.add_parser("report", help="one self-contained HTML file from a replay's output directory")
-    rep.add_argument("outdir", help="a directory written by 'streamcorr replay'")
+    rep.add_argument("outdir", help="a directory written by 'streamcorr replay' or by a daemon's outputs.record")
     rep.add_argument("-o", "--output", help="HTML file (default: OUTDIR/report.html)")
     rep.add_argument("--top", type=int, default=8, help="strongest pairs drawn over time (besides event pairs)")
     rep.add_argument("--at", type=float, nargs="+", help="stream times (s) of the matrices shown (default: 4)")

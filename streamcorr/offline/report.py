@@ -382,7 +382,13 @@ def _event_text(e: dict[str, Any], t0: float) -> str:
     initial = " (initial)" if e.get("initial") else ""
     fast = " (fast path)" if e.get("path") == "fast" else ""
     onset = "" if e.get("onset_t_ns") is None else f", began about {e['onset_t_ns'] / 1e9 - t0:.1f} s"
-    return f"{e['time'] - t0:.1f} s: {e['change']}{initial}{fast} {e['previous']:.3f} -> {e['current']:.3f}{onset}"
+    return f"{e['time'] - t0:.1f} s: {e['change']}{initial}{fast} {_levels(e, '->')}{onset}"
+
+
+def _levels(e: dict[str, Any], arrow: str = "&rarr;") -> str:
+    """previous -> current; an initial event's previous is its first assessment, not a level it left."""
+    first = " (first assessed)" if e.get("initial") else ""
+    return f"{e['previous']:.3f}{first} {arrow} {e['current']:.3f}"
 
 
 def _event_strip(events: list[dict[str, Any]], hops: np.ndarray, t0: float) -> str:
@@ -404,7 +410,7 @@ def _event_table(events: list[dict[str, Any]], t0: float) -> str:
         f"<td style='color:{_KIND_COLOR.get(e['change'], '#000')}'>{_esc(e['change'])}"
         + (initial if e.get("initial") else "")
         + (f" <span class='lag'>{_esc(_lag_move(e))}</span>" if e["change"] == "lag-shift" and e.get("lag_s") else "")
-        + f"</td><td>{e['previous']:.3f} &rarr; {e['current']:.3f}</td>"
+        + f"</td><td>{_levels(e)}</td>"
         f"<td>{'' if e.get('onset_t_ns') is None else format(e['onset_t_ns'] / 1e9 - t0, '.1f')}</td>"
         f"<td>{_esc(e.get('path') or 'window')}</td></tr>" for e in events
     )  # fmt: skip
