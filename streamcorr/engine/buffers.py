@@ -13,10 +13,11 @@ Policy for each channel's timestamps (nanoseconds, int64):
   (``grow``: the engine does, within a bound, for a channel faster than its clock).
 
 Alignment onto a common clock (``Resampler``): at each tick the channel's value
-is its newest sample before the next half-tick (a sample stamped less than half
-a period after the tick counts as on it: offsets, jitter and float seconds do
-not move a device on the clock's rate off its ticks), if that sample is at most
-``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there.
+is its newest sample before the boundary to the next tick, if that sample is at
+most ``max_staleness_ns`` old; otherwise the channel is invalid (NaN) there. The
+boundary starts half a period after the tick and moves, each hop, to where no
+channel's stamps fall (``Resampler.place``): offsets, jitter and float seconds
+do not move a device off its ticks, and channels stamped a moment apart share one.
 A tick is *fresh* for a channel when its sample was not already shown at the tick
 before: a channel slower than the clock, or one whose stamps wobble around the
 ticks, repeats samples. A row in which both channels of a pair repeat is a copy
@@ -222,8 +223,8 @@ class Resampler:
             raise InputError(f"max_staleness_s must be >= 0; got {max_staleness_s}")
         self.period_ns = round(1e9 / rate_hz)
         self.max_staleness_ns = round(max_staleness_s * 1e9)
-        # each sample belongs to its nearest tick: a device on the clock's rate whose stamps sit a little after the
-        # ticks (an offset, jitter, float seconds) must not wobble between two ticks, repeating and skipping rows
+        # the boundary (how long after a tick its samples may be stamped) starts half a period on: a device on the
+        # clock's rate whose stamps sit a little off the ticks must not wobble between two, repeating and skipping
         self.tolerance_ns = max(0, (self.period_ns - 1) // 2)
 
     def place(self, buffers: list[RingBuffer], end_ns: int, n: int) -> bool:
