@@ -24,33 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from ..estimate.significance import WHITE_FROM, NullTable, autocorrelation, estimate_own_rows, pair_n_eff, rank_rows
+from ..estimate.significance import WHITE_FROM, NullTable, estimate_own_rows
 from ..estimate.surrogates import SurrogateNulls
 from .changes import SHIPPED_NULL_DIR, ChangeDetector, cached_calibration, calibration_file_name
 from .hop import Hop
 from .smooth_folds import FOLD_HOLD, fold_bar, fold_scores
 
-__all__ = ["MIN_EXTRA", "MIN_FRESH_SHARE", "MixedRows", "own_shares"]
+__all__ = ["MIN_EXTRA", "MixedRows"]
 
 MIN_EXTRA = 1.2  # a few ticks of jitter make two nearly equal row sets: one test is enough there
-# the faster channel's effective samples per sample on its own samples, at least: a smooth faster channel's extra
-# rows are near-copies of each other, and circular shifts of a near-random walk read far below what two
-# independent ones do (a 64-channel recording gave five chance events in 90 s on such second tests)
-MIN_FRESH_SHARE = 0.5
 NEVER = 1e9  # nats: a bar no estimate crosses (finite: the detector reads NaN as "the table decides")
 WHITE_LENGTHS = (64, 128, 256, 512, 1024, 2048)  # null tables read for white noise's bar on a pair's own rows
-
-
-def own_shares(window: np.ndarray, fresh: np.ndarray, channels: np.ndarray) -> np.ndarray:
-    """Effective samples per sample (C',) of each channel's own samples in the window (its fresh ticks): 1 for
-    white noise, near 0 for a slow drift. Its autocorrelation beside itself in Bartlett's sum: n / (1 + 2 sum r^2)."""
-    out = np.ones(len(channels))
-    for q, c in enumerate(channels.tolist()):
-        x = window[c, fresh[c]]
-        if len(x) >= 16:
-            acf = autocorrelation(rank_rows(x[None]))
-            out[q] = float(pair_n_eff(acf, acf, len(x))[0]) / len(x)
-    return out
 
 
 def _rows(groups: list[tuple[np.ndarray, np.ndarray]], n_pairs: int, window_len: int) -> np.ndarray:
@@ -75,16 +59,10 @@ class MixedRows:
         """MI and effective size on every new row of the own-row pairs (``own`` (P,)) that are mixed-rate."""
         valid, fresh, i, j = hop.valid, hop.fresh, hop.i, hop.j
         hop.mixed = np.zeros(len(i), dtype=bool)
-        faster = np.full(len(i), -1)
         for k in np.flatnonzero(own & np.isfinite(hop.mi) & self.on):
             both = valid[i[k]] & valid[j[k]]
             a, b = int((fresh[i[k]] & both).sum()), int((fresh[j[k]] & both).sum())
             hop.mixed[k] = int(((fresh[i[k]] | fresh[j[k]]) & both).sum()) >= MIN_EXTRA * min(a, b)
-            faster[k] = i[k] if a >= b else j[k]
-        if hop.mixed.any():  # the extra rows average noise only where the faster channel renews it on each sample
-            fast = np.unique(faster[hop.mixed])
-            noisy = {int(c): s >= MIN_FRESH_SHARE for c, s in zip(fast, own_shares(hop.window, fresh & valid, fast))}  # noqa: B905
-            hop.mixed &= np.array([noisy.get(int(c), False) for c in faster])
         hop.mixed_mi, hop.mixed_n_eff = np.full(len(i), np.nan), np.full(len(i), np.nan)
         if hop.mixed.any():
             estimate_own_rows(est, hop.window, fresh, valid, i, j, hop.mixed, hop.mixed_mi, hop.mixed_n_eff,
