@@ -187,6 +187,18 @@ class RingBuffer:
             order = self._order()
             return self._t[order], self._v[order]
 
+    def phase_counts(self, lo_ns: int, hi_ns: int, period_ns: int, bins: int) -> np.ndarray:
+        """How many of the samples stamped in (lo_ns, hi_ns] fall in each of ``bins`` bins of the period (their
+        stamps modulo it), read in place: no copy of the buffer."""
+        with self._lock:
+            start, end = (self._head - self._size) % self.capacity, (self._head - 1) % self.capacity + 1
+            parts = [self._t[start:end]] if self._size and start < end else [self._t[start:], self._t[:end]]
+            counts = np.zeros(bins, dtype=np.int64)
+            for t in parts if self._size else ():
+                t = t[np.searchsorted(t, lo_ns, "right") : np.searchsorted(t, hi_ns, "right")]
+                counts += np.bincount((t % period_ns) * bins // period_ns, minlength=bins)[:bins]
+            return counts
+
     def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0) -> np.ndarray:
         """Value at each tick (ascending int64 ns): newest sample at or before it (or at most tolerance_ns after
         it), NaN if none or too old."""
@@ -196,13 +208,19 @@ class RingBuffer:
         self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0
     ) -> tuple[np.ndarray, np.ndarray]:
         """sample_and_hold's values, and whether each tick shows a sample the tick before did not (fresh)."""
-        t, v = self.contents()
-        idx, ok = _held(t, ticks_ns, max_staleness_ns, tolerance_ns)
-        out = np.full(ticks_ns.shape, np.nan)
-        out[ok] = v[idx[ok]]
-        fresh = ok.copy()
-        fresh[1:] &= idx[1:] != idx[:-1]
-        return out, fresh
+        return _hold(*self.contents(), ticks_ns, max_staleness_ns, tolerance_ns)
+
+
+def _hold(
+    t: np.ndarray, v: np.ndarray, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Values held at the ticks from samples (t, v), and which ticks show a new one (RingBuffer.hold_fresh)."""
+    idx, ok = _held(t, ticks_ns, max_staleness_ns, tolerance_ns)
+    out = np.full(ticks_ns.shape, np.nan)
+    out[ok] = v[idx[ok]]
+    fresh = ok.copy()
+    fresh[1:] &= idx[1:] != idx[:-1]
+    return out, fresh
 
 
 def _held(t: np.ndarray, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int) -> tuple[np.ndarray, ...]:
@@ -240,11 +258,10 @@ class Resampler:
         lo = hi - (n + 1) * period
         score = np.zeros(bins)
         for b in buffers:
-            t = b.times()
-            t = t[(t > lo) & (t <= hi)]
-            if 0 < len(t) <= n + n // 16:  # each channel's share of its stamps in each bin of the period (a channel
-                # faster than the clock shows one of several samples at each tick wherever the boundary is)
-                score += np.bincount((t % period) * bins // period, minlength=bins)[:bins] / len(t)
+            counts = b.phase_counts(lo, hi, period, bins)
+            if 0 < (total := int(counts.sum())) <= n + n // 16:  # each channel's share of its stamps in each bin (a
+                # channel faster than the clock shows one of several samples at each tick wherever the boundary is)
+                score += counts / total
         if not score.any():
             return False
         near = score + np.roll(score, 1) + np.roll(score, -1)  # a bin beside stamps is no place for the boundary
@@ -292,6 +309,11 @@ class Resampler:
             if ok.any():
                 ages[k] = float(np.mean(ticks[ok] - t[idx[ok]])) / self.period_ns
         return values, ages
+
+    def window_placed(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """window_fresh's (values, fresh) with the boundary placed first (``place``), and whether it moved."""
+        moved = self.place(buffers, end_ns, n)
+        return (*self.window_fresh(buffers, end_ns, n), moved)
 
     def window_fresh(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(C, n) aligned values (NaN where invalid) and (C, n) fresh flags (see the module docstring)."""

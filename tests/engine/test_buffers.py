@@ -172,3 +172,17 @@ def test_push_many_refuses_samples_outside_its_bounds_without_moving_the_bound()
     assert (c.accepted, c.late, c.future, c.duplicate) == (2, 4, 1, 0) and buf.last_t_ns == 95
     assert buf.push_many(np.array([12, 96], dtype=np.int64), np.zeros(2), min_t_ns=15) == 1  # 12: late again
     assert buf.last_t_ns == 96 and buf.counters.late == 5
+
+
+@pytest.mark.parametrize(("capacity", "n"), [(100, 250), (64, 64), (50, 20), (10, 0)])
+def test_phase_counts_read_in_place_match_the_stamps(capacity, n):
+    """The per-bin counts of a window's stamps, read from the ring in place (wrapped or not), as from a copy."""
+    rng = np.random.default_rng(capacity + n)
+    buf = RingBuffer(capacity)
+    t = np.cumsum(rng.integers(1, 20, n)).astype(np.int64)
+    buf.push_many(t, np.ones(n))
+    held = buf.times()
+    for lo, hi in ((0, 10**6), (int(t.mean()) if n else 0, int(t.max()) if n else 5)):
+        sel = held[(held > lo) & (held <= hi)]
+        want = np.bincount((sel % 17) * 8 // 17, minlength=8)
+        np.testing.assert_array_equal(buf.phase_counts(lo, hi, 17, 8), want)
