@@ -96,7 +96,7 @@ def test_a_dependent_pair_reads_the_same_wherever_its_stamps_sit_between_ticks(p
     the exact grid's MI on every hop. A boundary between ticks among the stamps would read the follower against
     the driver's next sample, and the relation would vanish."""
     rng = np.random.default_rng(int(phase * 1e4) + sum(periods))
-    n = 2000
+    n = 1300
     x = rng.standard_normal(n)
     ticks = {name: np.arange(0, n, p) for name, p in zip("xy", periods, strict=True)}
     held = np.maximum.accumulate(np.where(np.arange(n) % periods[0] == 0, np.arange(n), 0))  # driver's newest
