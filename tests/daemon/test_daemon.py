@@ -27,7 +27,7 @@ from streamcorr.engine.settings import EngineConfig
 from streamcorr.errors import ConfigError
 from streamcorr.publish.subscriber import Subscriber
 from tests.brokers import PrivateBroker, free_port, pearson_blind_rig
-from tests.helpers import daemon_process, zmq_fed_daemon
+from tests.helpers import daemon_process, wait_for, zmq_fed_daemon
 
 RATE = 10.0
 CHANNELS = ["a", "b", "c"]
@@ -365,6 +365,10 @@ def test_sigterm_sends_no_second_copy_of_the_last_snapshot(tmp_path):
     t = t_end - (n - np.arange(n)) / rate
     windows: list[int] = []
     with daemon_process(tmp_path, cfg) as proc:
+        # a SUB socket hears a PUB only once its subscription has crossed: windows published in the daemon's first
+        # moments are lost to it (a slow joiner), so the samples go in once the daemon runs
+        wait_for(lambda: "running:" in proc.log_path.read_text(), "the daemon to run", proc)
+        time.sleep(0.5)
         for k in range(0, n, 50):
             push.send_multipart([b"rig", msgpack.packb({"t": t[k : k + 50].tolist(),
                                  "channels": {"a": a[k : k + 50].tolist(), "b": b[k : k + 50].tolist()}})])  # fmt: skip
