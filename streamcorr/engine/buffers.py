@@ -190,14 +190,15 @@ class RingBuffer:
     def phase_counts(self, lo_ns: int, hi_ns: int, period_ns: int, bins: int) -> np.ndarray:
         """How many of the samples stamped in (lo_ns, hi_ns] fall in each of ``bins`` bins of the period (their
         stamps modulo it), read in place: no copy of the buffer."""
+        counts = np.zeros(bins, dtype=np.int64)
         with self._lock:
+            if self._size == 0:
+                return counts
             start, end = (self._head - self._size) % self.capacity, (self._head - 1) % self.capacity + 1
-            parts = [self._t[start:end]] if self._size and start < end else [self._t[start:], self._t[:end]]
-            counts = np.zeros(bins, dtype=np.int64)
-            for t in parts if self._size else ():
+            for t in [self._t[start:end]] if start < end else [self._t[start:], self._t[:end]]:  # each part sorted
                 t = t[np.searchsorted(t, lo_ns, "right") : np.searchsorted(t, hi_ns, "right")]
                 counts += np.bincount((t % period_ns) * bins // period_ns, minlength=bins)[:bins]
-            return counts
+        return counts
 
     def sample_and_hold(self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0) -> np.ndarray:
         """Value at each tick (ascending int64 ns): newest sample at or before it (or at most tolerance_ns after
@@ -208,19 +209,13 @@ class RingBuffer:
         self, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int = 0
     ) -> tuple[np.ndarray, np.ndarray]:
         """sample_and_hold's values, and whether each tick shows a sample the tick before did not (fresh)."""
-        return _hold(*self.contents(), ticks_ns, max_staleness_ns, tolerance_ns)
-
-
-def _hold(
-    t: np.ndarray, v: np.ndarray, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Values held at the ticks from samples (t, v), and which ticks show a new one (RingBuffer.hold_fresh)."""
-    idx, ok = _held(t, ticks_ns, max_staleness_ns, tolerance_ns)
-    out = np.full(ticks_ns.shape, np.nan)
-    out[ok] = v[idx[ok]]
-    fresh = ok.copy()
-    fresh[1:] &= idx[1:] != idx[:-1]
-    return out, fresh
+        t, v = self.contents()
+        idx, ok = _held(t, ticks_ns, max_staleness_ns, tolerance_ns)
+        out = np.full(ticks_ns.shape, np.nan)
+        out[ok] = v[idx[ok]]
+        fresh = ok.copy()
+        fresh[1:] &= idx[1:] != idx[:-1]
+        return out, fresh
 
 
 def _held(t: np.ndarray, ticks_ns: np.ndarray, max_staleness_ns: int, tolerance_ns: int) -> tuple[np.ndarray, ...]:
@@ -270,18 +265,10 @@ class Resampler:
         if near[current] <= near.min() + 0.02:  # within 2% of one channel's stamps of the best: a jittery
             return False  # channel's stamps everywhere would move it every window, restarting every channel's ranks
         start = int(np.argmin(low))  # a bin above the minimum: runs of low bins do not wrap past it
-        runs, k = [], 0
-        order = (start + np.arange(bins)) % bins
-        while k < bins:
-            if low[order[k]]:
-                j = k
-                while j < bins and low[order[j]]:
-                    j += 1
-                runs.append((j - k, k))
-                k = j
-            else:
-                k += 1
-        width, first = max(runs)
+        edges = np.diff(np.concatenate([[0], np.roll(low, -start).astype(np.int8), [0]]))
+        begins, widths = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+        best = len(widths) - 1 - int(np.argmax(widths[::-1]))  # the widest run (the last of equals)
+        width, first = int(widths[best]), int(begins[best])
         phase = int((start + first + width / 2) * period / bins) % period  # the widest run's middle, ns
         tolerance = phase if phase <= period // 2 else phase - period  # never more than half a period after a tick
         moved = tolerance != self.tolerance_ns
@@ -309,11 +296,6 @@ class Resampler:
             if ok.any():
                 ages[k] = float(np.mean(ticks[ok] - t[idx[ok]])) / self.period_ns
         return values, ages
-
-    def window_placed(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray, bool]:
-        """window_fresh's (values, fresh) with the boundary placed first (``place``), and whether it moved."""
-        moved = self.place(buffers, end_ns, n)
-        return (*self.window_fresh(buffers, end_ns, n), moved)
 
     def window_fresh(self, buffers: list[RingBuffer], end_ns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """(C, n) aligned values (NaN where invalid) and (C, n) fresh flags (see the module docstring)."""

@@ -246,9 +246,10 @@ class Engine:
     def _align(self, hop: Hop) -> None:
         self._sync_channels(hop.end_tick)
         chans = [self.intake.channels[name] for name in self.state.channels]
-        raw, fresh, moved = self.resampler.window_placed([c.buffer for c in chans], hop.end_tick, self.cfg.window_len)
-        for c in chans if moved else ():  # every window value may have moved a tick: the sliding ranks start again
-            c.ranks_end_tick = None
+        buffers = [c.buffer for c in chans]
+        for c in chans if self.resampler.place(buffers, hop.end_tick, self.cfg.window_len) else ():
+            c.ranks_end_tick = None  # every window value may have moved a tick: the sliding ranks start again
+        raw, fresh = self.resampler.window_fresh(buffers, hop.end_tick, self.cfg.window_len)  # (C, N)
         hop.valid = np.isfinite(raw)
         hop.fresh = hop.valid if self.cfg.repeated_rows == "keep" else fresh
         hop.repeats = (hop.valid & ~hop.fresh).any(axis=1)  # (C,): channels that repeat a sample in the window
