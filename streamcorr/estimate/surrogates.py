@@ -12,7 +12,7 @@ from scipy.stats import chi2, gamma, norm
 from .copula import marginal_histograms, pair_histograms
 from .significance import NullTable
 
-__all__ = ["SurrogateNulls", "normal_weight"]
+__all__ = ["SurrogateNulls", "normal_weight", "shifted_samples"]
 
 # the null's tail: gamma-shaped (skewed) up to NORMAL_FROM[0] effective samples, normal from NORMAL_FROM[1], blended
 # in log n_eff between
@@ -30,6 +30,21 @@ def _quantile(mean: np.ndarray, var: np.ndarray, tail: float, w: np.ndarray) -> 
     normal = np.where(w > 0, mean + norm.isf(tail) * np.sqrt(var), 0.0)
     skewed = np.where(w < 1, gamma.isf(tail, mean**2 / var, scale=var / mean), 0.0)
     return (1 - w) * skewed + w * normal
+
+
+def shifted_samples(u: np.ndarray, s: int, mirror: bool = False) -> np.ndarray:
+    """(P, S, T): each row of u (P, T) circularly shifted s times, evenly over its length.
+
+    ``mirror``: shifted along the row followed by itself reversed (period 2T), so no surrogate joins the row's end
+    to its start. A near-random walk's window ends far from where it began; a plain shift puts that jump inside
+    every surrogate, which then reads well below two independent walks (continuous, both drifting)."""
+    t = u.shape[1]
+    if not mirror:
+        shifts = (t * np.arange(1, s + 1)) // (s + 1)
+        return u[:, (np.arange(t)[None, :] - shifts[:, None]) % t]
+    ext = np.concatenate([u, u[:, ::-1]], axis=1)  # (P, 2T)
+    shifts = (2 * t * np.arange(1, s + 1)) // (s + 1)
+    return ext[:, (np.arange(t)[None, :] + shifts[:, None]) % (2 * t)]
 
 
 class SurrogateNulls:
@@ -79,14 +94,14 @@ class SurrogateNulls:
         pairs: list[tuple[str, str]],
         n_eff: np.ndarray,
         t_ns: int,
+        mirror: bool = False,
     ) -> None:
-        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T)."""
+        """Measure the surrogate nulls of pairs (i[p], j[p]) of copula rows u (C, T) (``mirror``: see
+        :func:`shifted_samples`)."""
         if not len(pairs):
             return
         s, t = self.n_surrogates, u.shape[1]
-        shifts = (t * np.arange(1, s + 1)) // (s + 1)
-        rows = np.arange(t)
-        shifted = u[j][:, None, (rows[None, :] - shifts[:, None]) % t].reshape(len(pairs) * s, t)  # (P*S, T)
+        shifted = shifted_samples(u[j], s, mirror).reshape(len(pairs) * s, t)  # (P*S, T)
         both = np.concatenate([np.repeat(u[i], s, axis=0), shifted])
         n = len(shifted)
         idx = np.arange(n)
@@ -128,12 +143,14 @@ class SurrogateNulls:
         done: np.ndarray,
         t_ns: int,
         repeating: np.ndarray,
+        mirror: bool = False,
     ) -> tuple[np.ndarray, np.ndarray] | None:
         """One hop's thresholds (per done pair; NaN where the table decides) from the surrogate nulls of smooth
         pairs (n_eff below half the window) and of pairs with a held channel (``repeating``: one repeats samples on
         the clock's ticks; beside a smooth channel its repeated rows are near-copies, which the table's null of
         independent samples does not know) above the table's median, measuring those that are due. Ranks: the
-        shared u (C, T) for pairs (i, j), or, for pairs on their own rows, a group's (ranks (2m, R), indices)."""
+        shared u (C, T) for pairs (i, j), or, for pairs on their own rows, a group's (ranks (2m, R), indices).
+        ``mirror``: the surrogates of :func:`shifted_samples` that join no row's end to its start."""
         if self.n_surrogates == 0 or not done.any():
             return None
         ne = np.where(done, n_eff, np.inf)
@@ -142,13 +159,13 @@ class SurrogateNulls:
             return None
         due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff))
         due = due[np.argsort(-mi[due], kind="stable")][: self.max_pairs]  # the strongest first
-        self._measure_hop(est, u, groups, i, j, pairs, n_eff, due, t_ns)
+        self._measure_hop(est, u, groups, i, j, pairs, n_eff, due, t_ns, mirror)
         # a pair crossing its bar on a null measured on an earlier window is judged on a fresh one
         hi, lo = self.thresholds(pairs, alpha)
         # (only a new crossing: a pair that stayed above keeps its null until the refresh, within one budget)
         old = np.array([p in self._nulls and self._nulls[p][0] != t_ns and p not in self._above for p in pairs])
         again = np.flatnonzero(smooth & old & (mi > hi))[: max(0, self.max_pairs - len(due))]
-        self._measure_hop(est, u, groups, i, j, pairs, n_eff, again, t_ns)
+        self._measure_hop(est, u, groups, i, j, pairs, n_eff, again, t_ns, mirror)
         hi_all, _ = self.thresholds(pairs, alpha)
         self._above = {pairs[k] for k in np.flatnonzero(smooth & (mi > hi_all))}
         hi, lo = self.thresholds([pairs[k] for k in np.flatnonzero(done)], alpha)
@@ -167,6 +184,7 @@ class SurrogateNulls:
         n_eff: np.ndarray,
         due: np.ndarray,
         t_ns: int,
+        mirror: bool = False,
     ) -> None:
         """Measure the nulls of the hop's pairs at indices ``due``, from the shared ranks or their group's."""
         if not len(due):
@@ -177,12 +195,12 @@ class SurrogateNulls:
         shared = np.array([k for k in due if int(k) not in own_rows], dtype=np.int64)
         if shared.size:
             self.measure(est.estimate_histograms, est.grid, u, i[shared], j[shared], [pairs[k] for k in shared],
-                         n_eff[shared], t_ns)  # fmt: skip
+                         n_eff[shared], t_ns, mirror)  # fmt: skip
         for ranks, idx in groups:
             local = np.flatnonzero(chosen[idx])
             if local.size:
                 self.measure(est.estimate_histograms, est.grid, ranks, local, local + len(idx),
-                             [pairs[idx[k]] for k in local], n_eff[idx[local]], t_ns)  # fmt: skip
+                             [pairs[idx[k]] for k in local], n_eff[idx[local]], t_ns, mirror)  # fmt: skip
 
     def forget_channels(self, channels: set[str]) -> None:
         """Drop the nulls of every pair with a channel in ``channels`` (retired)."""
