@@ -10,7 +10,7 @@ from streamcorr.engine.changes import ChangeDetector, cached_calibration
 from streamcorr.engine.core import Engine, EngineConfig
 from streamcorr.estimate.estimator import default_estimator
 from streamcorr.estimate.significance import autocorrelation, pair_n_eff, per_evaluation_rate, rank_rows
-from streamcorr.estimate.surrogates import SurrogateNulls, normal_weight
+from streamcorr.estimate.surrogates import SurrogateNulls, normal_weight, shifted_samples
 
 T0 = 1_732_700_000.0  # a Unix time, so float seconds carry the rounding real logs have
 
@@ -300,3 +300,45 @@ def test_a_held_channel_beside_a_random_walk_is_not_flagged():
                    window_len=1024, hop_samples=100)  # fmt: skip
     assert np.nanmedian([s.mi[0, 1] for s, _ in hops]) < 0.02  # no near-copies in the value shown
     assert not any(s.dependent[0, 1] for s, _ in hops)
+
+
+def test_a_pair_newly_above_a_null_from_an_earlier_window_is_judged_on_a_fresh_one():
+    """Two smooth pairs cross bars measured on white-noise windows: the hop measures one null (its budget), the
+    stronger crossing's, and the other pair waits (no bar it can cross) until a later hop measures its own."""
+    est = default_estimator()
+    table = cached_calibration(est.fingerprint, est.estimate_batch, 512, est.ties)
+    rng = np.random.default_rng(4)
+    pairs = [("a", "b"), ("c", "d")]
+    i, j = np.array([0, 2]), np.array([1, 3])
+    sur = SurrogateNulls(20, refresh_ns=10**12, max_pairs=1)
+    white = rank_rows(rng.standard_normal((4, 512)), est.ties)
+    sur.measure(est.estimate_histograms, est.grid, white, i, j, pairs, np.full(2, 512.0), t_ns=0)
+    x = _ar1(rng, 0.99, (2, 512))
+    u = rank_rows(np.stack([x[0], x[0] + 0.3 * x.std() * rng.standard_normal(512),
+                            x[1], x[1] ** 2 + 0.6 * x.std() ** 2 * rng.standard_normal(512)]), est.ties)  # fmt: skip
+    n_eff = pair_n_eff(autocorrelation(u[i]), autocorrelation(u[j]), 512)
+    mi = est.estimate_ranks(u, i, j)
+    strong, weak = int(np.argmax(mi)), int(np.argmin(mi))
+    old_hi, _ = sur.thresholds(pairs, 1e-3)
+    assert (mi > old_hi).all()  # both cross the white-noise bars
+    done, held = np.ones(2, dtype=bool), np.ones(2, dtype=bool)
+    for t_ns, measured in ((1, strong), (2, weak)):
+        hi, _ = sur.hop_thresholds(est, table, 1e-3, u, [], i, j, pairs, mi, n_eff, done, t_ns, held)
+        assert sur.thresholds(pairs, 1e-3)[0][measured] > old_hi[measured]  # measured afresh: a wider null
+        if t_ns == 1:
+            assert hi[weak] >= 1e9 > hi[strong]
+    assert (hi < 1e9).all()
+
+
+def test_mirrored_shifts_join_no_window_end_to_its_start():
+    """A near-random walk's window ends far from where it began: every plain circular shift carries that jump,
+    while each mirrored shift (the window, then the window reversed) moves by no more than the walk's own steps."""
+    est = default_estimator()
+    rng = np.random.default_rng(6)
+    u = rank_rows(lfilter([1.0], [1.0, -0.999], rng.standard_normal((3, 4024)), axis=1)[:, 3000:], est.ties)
+    step = np.abs(np.diff(u, axis=1)).max(axis=1)[:, None]  # (3, 1)
+    plain, mirrored = shifted_samples(u, 20), shifted_samples(u, 20, mirror=True)
+    assert plain.shape == mirrored.shape == (3, 20, 1024)
+    assert (np.abs(np.diff(plain, axis=2)).max(axis=2) > step).all()
+    assert (np.abs(np.diff(mirrored, axis=2)).max(axis=2) <= step).all()
+    assert not any(np.array_equal(m, u[0]) for m in mirrored[0])  # none is the window itself
