@@ -36,16 +36,20 @@ def _quantile(mean: np.ndarray, var: np.ndarray, tail: float, w: np.ndarray) -> 
 def shifted_samples(u: np.ndarray, s: int, mirror: bool = False) -> np.ndarray:
     """(P, S, T): each row of u (P, T) circularly shifted s times, evenly over its length.
 
-    ``mirror``: shifted along the row followed by itself reversed (period 2T), so no surrogate joins the row's end
-    to its start. A near-random walk's window ends far from where it began; a plain shift puts that jump inside
-    every surrogate, which then reads well below two independent walks (continuous, both drifting)."""
+    ``mirror``: rows whose end lies further from their start than 99 in 100 of their own steps are shifted along
+    the row followed by itself reversed (period 2T), so no surrogate joins the end to the start. A near-random walk
+    or a slow oscillation ends far from where it began; a plain shift puts that jump inside every surrogate, which
+    then reads well below two independent continuous signals. A noisy row's steps are as large: it is shifted plainly
+    (reversed, a narrow-band relation's shifts land in phase with it more often)."""
     t = u.shape[1]
+    plain = u[:, (np.arange(t)[None, :] - ((t * np.arange(1, s + 1)) // (s + 1))[:, None]) % t]
     if not mirror:
-        shifts = (t * np.arange(1, s + 1)) // (s + 1)
-        return u[:, (np.arange(t)[None, :] - shifts[:, None]) % t]
-    ext = np.concatenate([u, u[:, ::-1]], axis=1)  # (P, 2T)
+        return plain
+    jump = np.abs(u[:, -1] - u[:, 0]) > np.quantile(np.abs(np.diff(u, axis=1)), 0.99, axis=1)  # (P,)
+    ext = np.concatenate([u[jump], u[jump][:, ::-1]], axis=1)  # (J, 2T)
     shifts = (2 * t * np.arange(1, s + 1)) // (s + 1)
-    return ext[:, (np.arange(t)[None, :] + shifts[:, None]) % (2 * t)]
+    plain[jump] = ext[:, (np.arange(t)[None, :] + shifts[:, None]) % (2 * t)]
+    return plain
 
 
 class SurrogateNulls:
