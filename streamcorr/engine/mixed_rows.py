@@ -6,10 +6,11 @@ follows the slower one's continuous signal (its value between the slower channel
 relation. Where the faster channel instead carries fresh noise on each sample, its extra samples average that
 noise, and a relation shows more clearly on every row either channel renews. So a pair whose second row set
 holds at least ``MIN_EXTRA`` times the rows of the first is also estimated there, with its own surrogate null
-on those rows (mirrored shifts, :func:`streamcorr.estimate.surrogates.shifted_samples`: with plain circular
-shifts, independent pairs beside a 100 Hz near-random walk or narrow-band oscillation read up to 17 of the null's
-standard deviations above its mean on these rows, 25 chance events in two 90-s, 64-channel ``bench.realistic``
-recordings; mirrored, none), and each test runs at half the false-alarm rate: the pair is dependent when either
+on those rows (mirrored shifts where a channel's window ends far from its start,
+:func:`streamcorr.estimate.surrogates.shifted_samples`: with plain circular shifts, independent pairs beside a
+100 Hz near-random walk or narrow-band oscillation read up to 17 of the null's standard deviations above its mean
+on these rows, 25 chance events in two 90-s, 64-channel ``bench.realistic`` recordings; mirrored as here, 2), and
+each test runs at half the false-alarm rate: the pair is dependent when either
 shows it, and independent again only when both are below their nulls' 90th percentiles. The value shown (and its
 effective size) is the estimate on the slower channel's rows.
 

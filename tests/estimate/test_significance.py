@@ -332,7 +332,8 @@ def test_a_pair_newly_above_a_null_from_an_earlier_window_is_judged_on_a_fresh_o
 
 def test_mirrored_shifts_join_no_window_end_to_its_start():
     """A near-random walk's window ends far from where it began: every plain circular shift carries that jump,
-    while each mirrored shift (the window, then the window reversed) moves by no more than the walk's own steps."""
+    while each mirrored shift (the window, then the window reversed) moves by no more than the walk's own steps.
+    White noise, whose steps are as large, keeps the plain shifts."""
     est = default_estimator()
     rng = np.random.default_rng(6)
     u = rank_rows(lfilter([1.0], [1.0, -0.999], rng.standard_normal((3, 4024)), axis=1)[:, 3000:], est.ties)
@@ -342,3 +343,5 @@ def test_mirrored_shifts_join_no_window_end_to_its_start():
     assert (np.abs(np.diff(plain, axis=2)).max(axis=2) > step).all()
     assert (np.abs(np.diff(mirrored, axis=2)).max(axis=2) <= step).all()
     assert not any(np.array_equal(m, u[0]) for m in mirrored[0])  # none is the window itself
+    noisy = rank_rows(rng.standard_normal((3, 1024)), est.ties)  # its steps are as large as any wrap-around
+    np.testing.assert_array_equal(shifted_samples(noisy, 20, mirror=True), shifted_samples(noisy, 20))
