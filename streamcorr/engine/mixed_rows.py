@@ -10,9 +10,9 @@ on those rows (mirrored shifts where a channel's window ends far from its start,
 :func:`streamcorr.estimate.surrogates.shifted_samples`: with plain circular shifts, independent pairs beside a
 100 Hz near-random walk or narrow-band oscillation read up to 17 of the null's standard deviations above its mean
 on these rows, 25 chance events in two 90-s, 64-channel ``bench.realistic`` recordings; mirrored as here, 2), and
-each test runs at half the false-alarm rate: the pair is dependent when either
-shows it, and independent again only when both are below their nulls' 90th percentiles. The value shown (and its
-effective size) is the estimate on the slower channel's rows.
+each test runs at half the false-alarm rate: the pair is dependent when either shows it, and independent again
+only when both are below their nulls' 90th percentiles. The value shown (and its effective size) is the estimate
+on the slower channel's rows.
 
 A pair estimated on fewer rows than the window never gets a lower bar than white noise on as many rows (from
 the null tables shipped for other window lengths, interpolated): the estimator's spread grows as rows shrink,

@@ -46,7 +46,7 @@ def shifted_samples(u: np.ndarray, s: int, mirror: bool = False) -> np.ndarray:
     if not mirror:
         return plain
     jump = np.abs(u[:, -1] - u[:, 0]) > np.quantile(np.abs(np.diff(u, axis=1)), 0.99, axis=1)  # (P,)
-    ext = np.concatenate([u[jump], u[jump][:, ::-1]], axis=1)  # (J, 2T)
+    ext = np.concatenate([u[jump], u[jump, ::-1]], axis=1)  # (J, 2T)
     shifts = (2 * t * np.arange(1, s + 1)) // (s + 1)
     plain[jump] = ext[:, (np.arange(t)[None, :] + shifts[:, None]) % (2 * t)]
     return plain
@@ -169,17 +169,18 @@ class SurrogateNulls:
         # pairs due than a hop measures, a near-random walk's null a window old can sit far below today's
         hi, _ = self.thresholds(pairs, alpha)
         old = np.array([p in self._nulls and p not in self._above for p in pairs])  # (a pair that stayed above
-        crossing = np.flatnonzero(smooth & old & (mi > hi))  # keeps its null until the refresh)
-        crossing = crossing[np.argsort(-mi[crossing], kind="stable")]
-        due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff) & ~np.isin(np.arange(len(pairs)), crossing))
-        due = due[np.argsort(-mi[due], kind="stable")][: max(0, self.max_pairs - len(crossing))]  # the strongest first
-        self._measure_hop(est, u, groups, i, j, pairs, n_eff, np.concatenate([crossing[: self.max_pairs], due]), t_ns,
+        crossing = smooth & old & (mi > hi)  # keeps its null until the refresh)
+        first = np.flatnonzero(crossing)
+        first = first[np.argsort(-mi[first], kind="stable")]
+        due = np.flatnonzero(smooth & self.due(pairs, t_ns, n_eff) & ~crossing)
+        due = due[np.argsort(-mi[due], kind="stable")][: max(0, self.max_pairs - len(first))]  # the strongest first
+        self._measure_hop(est, u, groups, i, j, pairs, n_eff, np.concatenate([first[: self.max_pairs], due]), t_ns,
                           mirror)  # fmt: skip
-        hi_all, _ = self.thresholds(pairs, alpha)
+        hi, lo = self.thresholds(pairs, alpha)
         waiting = np.zeros(len(pairs), dtype=bool)  # crossings beyond the hop's budget: judged once measured
-        waiting[crossing[self.max_pairs :]] = True
-        self._above = {pairs[k] for k in np.flatnonzero(smooth & ~waiting & (mi > hi_all))}
-        hi, lo = self.thresholds([pairs[k] for k in np.flatnonzero(done)], alpha)
+        waiting[first[self.max_pairs :]] = True
+        self._above = {pairs[k] for k in np.flatnonzero(smooth & ~waiting & (mi > hi))}
+        hi, lo = hi[done], lo[done]
         hi[waiting[done]] = WAIT
         off = ~smooth[done]
         hi[off] = lo[off] = np.nan
